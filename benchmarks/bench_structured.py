@@ -1,0 +1,244 @@
+"""Structured-core benchmark: the three heads' decoding and loss+backward, side by side.
+
+    python benchmarks/bench_structured.py                # full table (minutes on 2 CPU cores)
+    python benchmarks/bench_structured.py --quick        # L <= 256, fewer repeats
+    python benchmarks/bench_structured.py --memory       # + peak memory of filtered log Z + backward
+
+All heads read the same inputs: a random-but-plausible scorer. Each document gets a random
+gold segmentation (entities on about 15% of the tokens, widths 1-4), and scores that favour it
+with Gaussian noise, so the local classifier keeps the gold spans plus some overlapping
+distractors, as a half-trained model does. The span scores feed the filtered and exact
+semi-CRFs; the token emissions of the linear CRF are derived from the same gold and noise.
+Timings are medians over repeats, measured interleaved (head by head within each repeat) in
+one process, single-threaded unless ``--threads`` says otherwise. Prints a Markdown table and
+writes JSON.
+"""
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import torch
+
+from spacy_fsemicrf.structured import filtered
+from spacy_fsemicrf.structured.linear_crf import (
+    crf_log_partition,
+    crf_score,
+    crf_viterbi,
+    spans_to_tags,
+    tag_scheme,
+    tags_to_spans,
+)
+from spacy_fsemicrf.structured.semicrf import (
+    semicrf_gold_score,
+    semicrf_log_partition,
+    semicrf_viterbi,
+)
+from spacy_fsemicrf.structured.semiring import masked_fill_neg
+from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask
+
+HEADS = ("filtered", "semicrf", "crf")
+
+
+def plausible_inputs(batch: int, length: int, n_classes: int, max_width: int, seed: int = 0):
+    """Span scores ``[B, L, K, C]``, token emissions ``[B, L, n_tags]``, gold rows, lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.full((batch,), length, dtype=torch.long)
+    rows = []
+    for b in range(batch):
+        i = 0
+        while i < length:
+            if torch.rand((1,), generator=gen).item() < 0.08:
+                w = min(int(torch.randint(0, 4, (1,), generator=gen)), length - 1 - i, max_width - 1)
+                rows.append((b, i, i + w, int(torch.randint(1, n_classes, (1,), generator=gen))))
+                i += w + 1
+            else:
+                i += 1
+    gold = torch.tensor(rows, dtype=torch.long).view(-1, 4)
+    grid = gold_label_grid(gold, lengths, length, max_width)
+    K, C = max_width, n_classes
+    noise = torch.randn((batch, length, K, C), generator=gen)
+    spans = 1.0 * noise
+    spans[..., 0] += 2.5  # null is the usual answer...
+    spans.scatter_add_(-1, grid.unsqueeze(-1), torch.full_like(spans[..., :1], 4.0))
+    spans[..., 0] -= 4.0 * (grid > 0)  # ...except on gold spans
+    spans = masked_fill_neg(spans, span_mask(lengths, length, K).unsqueeze(-1))
+    scheme = tag_scheme(C - 1, "BIO")
+    tags = spans_to_tags(gold, lengths, length, scheme)
+    emissions = torch.randn((batch, length, scheme.n_tags), generator=gen)
+    emissions.scatter_add_(-1, tags.unsqueeze(-1), torch.full_like(emissions[..., :1], 3.0))
+    return spans, emissions, gold, lengths, scheme
+
+
+def make_runs(spans, emissions, gold, lengths, scheme) -> Dict[str, Dict[str, Callable]]:
+    C = spans.shape[-1]
+    T_semi = torch.randn(C + 1, C + 1) * 0.1
+    T_crf = torch.randn(scheme.n_tags + 1, scheme.n_tags + 1) * 0.1
+    allowed = scheme.allowed
+    B, L, K, _ = spans.shape
+    grid = gold_label_grid(gold, lengths, L, K)
+    semi_scores = spans.clone()
+    semi_scores[:, :, 1:, 0] = -1e4  # null segments have width 1
+
+    def filtered_decode():
+        mask, labels = filtered.inference_nodes(spans, lengths)
+        node_scores = spans.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        return filtered.filtered_viterbi(node_scores, mask, labels)
+
+    def filtered_loss():
+        glob = spans.clone().requires_grad_(True)
+        mask, labels = filtered.training_nodes(spans, lengths, grid)
+        node_scores = glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        log_z = filtered.filtered_log_partition(node_scores, mask, labels)
+        loss = (log_z - filtered.path_score(node_scores, grid > 0, labels)).sum()
+        loss.backward()
+
+    def semicrf_decode():
+        return semicrf_viterbi(semi_scores, lengths, T_semi)
+
+    def semicrf_loss():
+        s = semi_scores.clone().requires_grad_(True)
+        loss = (semicrf_log_partition(s, lengths, T_semi) - semicrf_gold_score(s, lengths, gold, T_semi)).sum()
+        loss.backward()
+
+    tags = spans_to_tags(gold, lengths, L, scheme)
+
+    def crf_decode():
+        best, _ = crf_viterbi(emissions, T_crf, lengths, allowed)
+        return tags_to_spans(best, lengths, scheme)
+
+    def crf_loss():
+        e = emissions.clone().requires_grad_(True)
+        loss = (crf_log_partition(e, T_crf, lengths, allowed) - crf_score(e, T_crf, tags, lengths, allowed)).sum()
+        loss.backward()
+
+    return {
+        "filtered": {"decode": filtered_decode, "loss": filtered_loss},
+        "semicrf": {"decode": semicrf_decode, "loss": semicrf_loss},
+        "crf": {"decode": crf_decode, "loss": crf_loss},
+    }
+
+
+def time_interleaved(runs: Dict[str, Dict[str, Callable]], repeats: int) -> Dict[str, Dict[str, float]]:
+    times: Dict[str, Dict[str, List[float]]] = {h: {"decode": [], "loss": []} for h in runs}
+    for _ in range(repeats + 1):  # the first round warms up and is dropped
+        for head, fns in runs.items():
+            for what, fn in fns.items():
+                start = time.perf_counter()
+                with torch.no_grad() if what == "decode" else torch.enable_grad():
+                    fn()
+                times[head][what].append(time.perf_counter() - start)
+    return {h: {w: statistics.median(v[1:]) for w, v in d.items()} for h, d in times.items()}
+
+
+def kept_nodes(spans, lengths) -> Dict[str, float]:
+    mask, _ = filtered.inference_nodes(spans, lengths)
+    counts = filtered.count_nodes(mask).float()
+    candidates = span_mask(lengths, spans.shape[1], spans.shape[2]).sum((1, 2)).float()
+    return {"kept_nodes_mean": counts.mean().item(), "kept_nodes_max": counts.max().item(),
+            "candidates_mean": candidates.mean().item()}
+
+
+def peak_memory_child(length: int, n_classes: int, max_width: int, batch: int) -> None:
+    """Run in a subprocess: print the resident-memory growth of filtered log Z + backward."""
+    torch.set_num_threads(1)
+    spans, _, gold, lengths, _ = plausible_inputs(batch, length, n_classes, max_width)
+    grid = gold_label_grid(gold, lengths, length, max_width)
+    glob = spans.clone().requires_grad_(True)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    mask, labels = filtered.training_nodes(spans, lengths, grid)
+    node_scores = glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    filtered.filtered_log_partition(node_scores, mask, labels).sum().backward()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"peak_rss_growth_mb": (after - before) / 1024}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 256, 1024, 4096])
+    parser.add_argument("--labels", type=int, nargs="+", default=[5, 19],
+                        help="classes including null (CoNLL 5, OntoNotes 19)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--max-width", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="L in 16, 64, 256 and 2 repeats")
+    parser.add_argument("--memory", action="store_true", help="also measure peak memory")
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/out/structured.json"))
+    parser.add_argument("--memory-child", type=int, nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        peak_memory_child(*args.memory_child)
+        return
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        args.lengths = [L for L in args.lengths if L <= 256]
+        args.repeats = 2
+    rows = []
+    for C in args.labels:
+        for L in args.lengths:
+            spans, emissions, gold, lengths, scheme = plausible_inputs(args.batch, L, C, args.max_width)
+            timing = time_interleaved(make_runs(spans, emissions, gold, lengths, scheme), args.repeats)
+            row = {"classes": C, "length": L, **kept_nodes(spans, lengths)}
+            for head in HEADS:
+                row[f"{head}_decode_s"] = timing[head]["decode"]
+                row[f"{head}_loss_s"] = timing[head]["loss"]
+            row["decode_speedup_vs_semicrf"] = row["semicrf_decode_s"] / row["filtered_decode_s"]
+            row["decode_speedup_vs_crf"] = row["crf_decode_s"] / row["filtered_decode_s"]
+            row["filtered_decode_us_per_token"] = 1e6 * row["filtered_decode_s"] / (L * args.batch)
+            rows.append(row)
+            print(f"C={C} L={L}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()
+                                                  if isinstance(v, float)), file=sys.stderr)
+    memory = []
+    if args.memory:
+        for L in args.lengths:
+            out = subprocess.run(
+                [sys.executable, __file__, "--memory-child", str(L), str(max(args.labels)),
+                 str(args.max_width), str(args.batch)],
+                check=True, capture_output=True, text=True,
+            ).stdout
+            memory.append({"length": L, **json.loads(out.strip().splitlines()[-1])})
+    meta = {
+        "batch": args.batch, "max_width": args.max_width, "repeats": args.repeats,
+        "threads": args.threads, "torch": torch.__version__, "machine": platform.machine(),
+        "processor": platform.processor(), "command": " ".join(sys.argv),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"meta": meta, "rows": rows, "memory": memory}, indent=2))
+    print(markdown(rows, memory, meta))
+
+
+def markdown(rows, memory, meta) -> str:
+    lines = [
+        f"Batch {meta['batch']}, K = {meta['max_width']}, {meta['threads']} thread(s), "
+        f"median of {meta['repeats']}; seconds per batch.",
+        "",
+        "| C | L | kept nodes / doc (L·K cand.) | filtered decode | semi-CRF decode | CRF decode "
+        "| vs semi-CRF | vs CRF | filtered µs/token | filtered loss+bwd | semi-CRF loss+bwd | CRF loss+bwd |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['classes']} | {r['length']} | {r['kept_nodes_mean']:.1f} ({r['candidates_mean']:.0f}) "
+            f"| {r['filtered_decode_s']:.4f} | {r['semicrf_decode_s']:.4f} | {r['crf_decode_s']:.4f} "
+            f"| {r['decode_speedup_vs_semicrf']:.1f}x | {r['decode_speedup_vs_crf']:.1f}x "
+            f"| {r['filtered_decode_us_per_token']:.2f} | {r['filtered_loss_s']:.4f} "
+            f"| {r['semicrf_loss_s']:.4f} | {r['crf_loss_s']:.4f} |"
+        )
+    if memory:
+        lines += ["", "| L | filtered log Z + backward, peak RSS growth (MB) | per token (KB) |",
+                  "|---|---|---|"]
+        for m in memory:
+            per_token = 1024 * m["peak_rss_growth_mb"] / (m["length"] * meta["batch"])
+            lines.append(f"| {m['length']} | {m['peak_rss_growth_mb']:.1f} | {per_token:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

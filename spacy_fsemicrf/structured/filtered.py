@@ -1,0 +1,408 @@
+"""The filtered semi-Markov CRF (Zaratiana et al., 2023): node sets, log Z, Viterbi, marginals.
+
+The nodes are labelled spans on the grid ``[B, L, K]`` (see :mod:`.spans`): ``node_mask`` says
+which spans are nodes, ``node_labels`` their label, ``node_scores`` their global score. A path
+is a maximal set of pairwise non-overlapping nodes (the START-to-END paths of the graph of
+Liang et al., 1991), scored by the sum of its nodes' scores plus, optionally, the transitions
+``T[prev, next]`` between consecutive nodes (``T`` is ``[C + 1, C + 1]``, row C = START,
+column C = END). The empty node set has the single empty path, of score 0.
+
+All algorithms run the position scan of DESIGN.md §2 on a *compacted* copy of the nodes:
+
+1. Tokens that no node covers are dropped. The graph only depends on the order of node
+   boundaries, which dropping uncovered tokens preserves, so the paths are unchanged. After
+   it every position is covered, and then the predecessors of a node starting at ``s`` all end
+   in ``[s - 2K + 1, s - 1]``: the scan needs a window of ``2K - 1`` ends, not the whole prefix.
+2. Without transitions, the nodes split further into clusters: maximal runs of tokens chained
+   by overlapping nodes. Clusters do not overlap each other, so a maximal set of the document
+   is a union of maximal sets of its clusters: log Z adds up and Viterbi decodes each cluster
+   alone. A one-node cluster needs no scan at all (its node is on every path), and the scan
+   over the others runs for as many steps as the longest cluster, not the longest document.
+
+The scan itself loops over positions only; everything else is batched tensor code.
+"""
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from .semiring import NEG, logsumexp, masked_fill_neg
+from .spans import overlap_mask, span_mask, token_coverage
+
+
+# ----------------------------------------------------------------------------- node sets
+
+
+def inference_nodes(
+    local_scores: torch.Tensor, lengths: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Filtering at inference: the candidate spans whose local argmax label is not null.
+
+    ``local_scores`` is ``[B, L, K, C]``; returns ``(node_mask [B, L, K], node_labels [B, L, K])``.
+    """
+    B, L, K, _ = local_scores.shape
+    labels = local_scores.argmax(-1)
+    mask = (labels > 0) & span_mask(lengths, L, K)
+    return mask, labels * mask
+
+
+def training_nodes(
+    local_scores: torch.Tensor, lengths: torch.Tensor, gold_grid: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Filtering under the gold-path constraint (DESIGN.md §2.5).
+
+    Nodes are the gold spans with their gold labels, plus the spans with a non-null local label
+    that are not gold and overlap some gold span. Each extra node overlaps a gold span, so the
+    gold spans stay a maximal non-overlapping set, i.e. a path, and ``log Z >= gold score``.
+    """
+    pred_mask, pred_labels = inference_nodes(local_scores, lengths)
+    gold_mask = gold_grid > 0
+    extra = pred_mask & ~gold_mask & overlap_mask(gold_mask)
+    mask = gold_mask | extra
+    labels = torch.where(gold_mask, gold_grid, pred_labels) * mask
+    return mask, labels
+
+
+def start_bound(node_mask: torch.Tensor) -> torch.Tensor:
+    """``P(s)`` of DESIGN.md §2 for ``s = 0..L``: ``LongTensor[B, L + 1]``.
+
+    ``P(s)`` is the largest start of a node ending before ``s`` (-1 if none). The predecessors
+    of a node starting at ``s`` are the nodes ending in ``[P(s), s - 1]`` (and START when
+    ``P(s) = -1``); END's predecessors are the nodes ending at or after ``P(L)``.
+    """
+    B, L, K = node_mask.shape
+    starts = torch.arange(L, device=node_mask.device).view(1, L, 1).expand(B, L, K)
+    ends = (starts + torch.arange(K, device=node_mask.device).view(1, 1, K)).clamp_max(L - 1)
+    src = torch.where(node_mask, starts, torch.full_like(starts, -1))
+    last_start = torch.full((B, L), -1, dtype=torch.long, device=node_mask.device)
+    last_start = last_start.scatter_reduce(1, ends.reshape(B, -1), src.reshape(B, -1), "amax")
+    bound = last_start.cummax(1).values
+    return torch.cat([bound.new_full((B, 1), -1), bound], dim=1)
+
+
+# ----------------------------------------------------------------------------- compaction
+
+
+class Compaction(NamedTuple):
+    """Where each node of the ``[B, L, K]`` grid goes in the compact ``[N, Lc, K]`` scan grid.
+
+    ``grid_index`` are the flat grid indices of the scanned nodes and ``scan_index`` their flat
+    indices in the scan grid; ``row_doc`` maps scan rows to documents. ``single_index`` are the
+    flat grid indices of one-node clusters, handled without a scan.
+    """
+
+    grid_index: torch.Tensor
+    scan_index: torch.Tensor
+    row_doc: torch.Tensor
+    n_rows: int
+    scan_length: int
+    single_index: torch.Tensor
+
+
+def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
+    """Drop uncovered tokens and cut the nodes into scan rows (clusters, or whole documents).
+
+    Rows are right-aligned in the scan grid so that every row ends at the last position, where
+    the scan reads END.
+    """
+    B, L, K = node_mask.shape
+    device = node_mask.device
+    doc, start, width = node_mask.nonzero(as_tuple=True)
+    end = start + width
+    covered = token_coverage(doc, start, end, B, L) > 0
+    new_pos = covered.long().cumsum(1) - 1
+    if by_cluster:
+        # t and t+1 share a node iff some node starts at or before t and ends after t.
+        linked = token_coverage(doc, start, end - 1, B, L) > 0
+        after_gap = torch.ones_like(covered)
+        after_gap[:, 1:] = ~linked[:, :-1]
+        row_start = covered & after_gap
+    else:
+        row_start = covered & (new_pos == 0)
+    row_id = row_start.reshape(-1).long().cumsum(0) - 1
+    n_rows_all = int(row_id[-1].item()) + 1 if row_id.numel() else 0
+    node_row = row_id[doc * L + start]
+    row_first = new_pos[row_start]
+    rel_start = new_pos[doc, start] - row_first[node_row]
+    row_len = torch.zeros(n_rows_all, dtype=torch.long, device=device)
+    row_len = row_len.scatter_reduce(0, node_row, rel_start + width + 1, "amax")
+    flat = (doc * L + start) * K + width
+    if by_cluster:
+        nodes_per_row = torch.bincount(node_row, minlength=n_rows_all)
+        single = nodes_per_row[node_row] == 1
+    else:
+        single = torch.zeros_like(node_row, dtype=torch.bool)
+    multi_rows = torch.ones(n_rows_all, dtype=torch.bool, device=device)
+    if by_cluster:
+        multi_rows = nodes_per_row > 1
+    row_new = multi_rows.long().cumsum(0) - 1
+    n_rows = int(multi_rows.sum().item())
+    keep = ~single
+    scan_length = int(row_len[multi_rows].max().item()) if n_rows else 0
+    kept_row = node_row[keep]
+    offset = scan_length - row_len[kept_row]
+    scan_index = (row_new[kept_row] * scan_length + rel_start[keep] + offset) * K + width[keep]
+    row_doc = doc.new_zeros(n_rows)
+    row_doc[row_new[kept_row]] = doc[keep]
+    return Compaction(flat[keep], scan_index, row_doc, n_rows, scan_length, flat[single])
+
+
+def _to_scan_grid(values: torch.Tensor, comp: Compaction, K: int, fill: float) -> torch.Tensor:
+    """Gather ``values`` (flattened ``[B, L, K]``) into the ``[N, Lc, K]`` scan grid."""
+    out = values.new_full((comp.n_rows * comp.scan_length * K,), fill)
+    out = out.index_put((comp.scan_index,), values.reshape(-1)[comp.grid_index])
+    return out.view(comp.n_rows, comp.scan_length, K)
+
+
+# ----------------------------------------------------------------------------- the scan
+
+
+def _split_transitions(
+    transitions: Optional[torch.Tensor], dtype: torch.dtype, device: torch.device
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(T_in [C + 1, C], T_end [C + 1])``: into each label, and into END, from each label or
+    START (the last row). Without transitions: a single zero channel."""
+    if transitions is None:
+        zero = torch.zeros((1, 1), dtype=dtype, device=device)
+        return zero, zero[:, 0]
+    C = transitions.shape[0] - 1
+    return transitions[:, :C], transitions[:, C]
+
+
+class _ScanResult(NamedTuple):
+    total: torch.Tensor  # [N]: log Z (log semiring) or best score (max semiring)
+    best_nodes: Optional[torch.Tensor]  # [N, Lc, K] bool, Viterbi only
+
+
+def _scan(
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor,
+    transitions: Optional[torch.Tensor],
+    viterbi: bool,
+) -> _ScanResult:
+    """Position scan of DESIGN.md §2 over compacted, right-aligned rows ``[N, Lc, K]``.
+
+    ``A[e, l]`` (⊕ of the alphas of nodes ending at ``e`` with label ``l``) is built by pushing
+    each new alpha into a ``pending`` buffer indexed by end offset, so no tensor is written in
+    place and autograd sees a plain chain of ops. START is handled apart, as the predecessor of
+    the nodes with ``P(s) = -1``.
+    """
+    N, Lc, K = scores.shape
+    device, dtype = scores.device, scores.dtype
+    t_in, t_end = _split_transitions(transitions, dtype, device)
+    n_in = t_in.shape[1]  # label channels a node can take (1 without transitions)
+    n_ch = t_in.shape[0]  # channels of A: labels, plus START (== n_in without transitions)
+    window = 2 * K - 1
+    if transitions is None:
+        labels = torch.zeros_like(labels)
+    bound = start_bound(mask)
+    onehot = torch.nn.functional.one_hot(labels, n_ch).bool() & mask.unsqueeze(-1)
+    # ends_onehot[n, e, l]: some node ending at e has label l (A[e, l] is a real sum).
+    ends_onehot = torch.zeros((N, Lc + K, n_ch), dtype=torch.bool, device=device)
+    for w in range(K):
+        ends_onehot[:, w : w + Lc] |= onehot[:, :, w]
+    start_in = t_in[-1]  # START -> label (row C)
+    reduce = (lambda x, d: x.max(d).values) if viterbi else (lambda x, d: torch.logsumexp(x, d))
+    plus = torch.maximum if viterbi else torch.logaddexp
+    neg = scores.new_full((), NEG)
+
+    # unbind once: indexing scores[:, s] in the loop would give every step a full-size gradient
+    # buffer in backward, making it quadratic in the length.
+    score_steps = scores.unbind(1)
+    q_hist = []  # Q[e] = ⊕_l' A[e, l'] ⊗ T_in[l', :], per end e: [N, n_in]
+    a_hist = []  # A[e]: [N, n_ch]
+    pending = scores.new_full((N, K, n_ch), NEG)
+    pend_start = torch.zeros((N, K, n_ch), dtype=torch.long, device=device)
+    back_end, back_label, best_start = [], [], []
+    for s in range(Lc):
+        lo = bound[:, s]  # [N]
+        incoming = masked_fill_neg(start_in.expand(N, n_in), (lo < 0).unsqueeze(-1))
+        if q_hist:
+            hist = torch.stack(q_hist[-window:], dim=1)  # [N, w', n_in]
+            first = s - hist.shape[1]
+            ends = torch.arange(first, s, device=device)
+            ok = (ends.view(1, -1) >= lo.view(-1, 1)).unsqueeze(-1)
+            hist = masked_fill_neg(hist, ok)
+            if viterbi:
+                best, arg = hist.max(1)
+                take = best > incoming
+                back_end.append(torch.where(take, arg + first, -1))
+                incoming = torch.maximum(incoming, best)
+            else:
+                incoming = torch.logaddexp(incoming, torch.logsumexp(hist, 1))
+        elif viterbi:
+            back_end.append(torch.full((N, n_in), -1, dtype=torch.long, device=device))
+        alpha = score_steps[s] + incoming.gather(1, labels[:, s])  # [N, K]
+        alpha = masked_fill_neg(alpha, mask[:, s])
+        contrib = masked_fill_neg(alpha.unsqueeze(-1), onehot[:, s])  # [N, K, n_ch]
+        if viterbi:
+            better = contrib > pending
+            pend_start = torch.where(better, s, pend_start)
+        pending = plus(pending, contrib)
+        a_end = masked_fill_neg(pending[:, 0], ends_onehot[:, s])  # A[s]
+        if viterbi:
+            best_start.append(pend_start[:, 0])
+            pend_start = torch.cat([pend_start[:, 1:], torch.zeros_like(pend_start[:, :1])], 1)
+        pending = torch.cat([pending[:, 1:], neg.expand(N, 1, n_ch)], dim=1)
+        a_hist.append(a_end)
+        if transitions is None:
+            q_hist.append(a_end)
+        else:
+            q = reduce(a_end.unsqueeze(-1) + t_in, 1)  # [N, n_in]
+            if viterbi:
+                back_label.append((a_end.unsqueeze(-1) + t_in).argmax(1))
+            q_hist.append(q)
+
+    # END: nodes ending at or after P(Lc), within the last `window` ends.
+    lo = bound[:, Lc]
+    hist = torch.stack(a_hist[-window:], dim=1) + t_end  # [N, w', n_ch]
+    first = Lc - hist.shape[1]
+    ends = torch.arange(first, Lc, device=device)
+    hist = masked_fill_neg(hist, (ends.view(1, -1) >= lo.view(-1, 1)).unsqueeze(-1))
+    flat = hist.reshape(N, -1)
+    if not viterbi:
+        return _ScanResult(torch.logsumexp(flat, 1), None)
+    total, arg = flat.max(1)
+    return _ScanResult(
+        total,
+        _backtrack(
+            arg // n_ch + first, arg % n_ch, back_end, back_label, best_start, labels, (N, Lc, K)
+        ),
+    )
+
+
+def _backtrack(end, label, back_end, back_label, best_start, labels, shape) -> torch.Tensor:
+    """Follow the Viterbi back-pointers from END to START; one step per node on the path."""
+    N, Lc, K = shape
+    device = end.device
+    back_end = torch.stack(back_end, 1)  # [N, Lc, n_in]: best predecessor end, -1 = START
+    best_start = torch.stack(best_start, 1)  # [N, Lc, n_ch]: start of best node ending at e
+    back_label = torch.stack(back_label, 1) if back_label else None  # [N, Lc, n_in]
+    rows = torch.arange(N, device=device)
+    chosen = torch.zeros((N, Lc, K), dtype=torch.bool, device=device)
+    active = end >= 0
+    while bool(active.any()):
+        e = end.clamp_min(0)
+        s = best_start[rows, e, label]
+        w = (e - s).clamp(0, K - 1)
+        chosen[rows[active], s[active], w[active]] = True
+        # The best predecessor of node (s, w) is stored at its start s, per node label; without
+        # transitions there is one channel and every label is 0.
+        node_label = labels[rows, s, w]
+        new_end = back_end[rows, s, node_label]
+        prev_label = node_label
+        if back_label is not None:
+            prev_label = back_label[rows, new_end.clamp_min(0), node_label]
+        end = torch.where(active, new_end, end)
+        label = torch.where(active, prev_label, label)
+        active = active & (new_end >= 0)
+    return chosen
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def _doc_totals(
+    node_scores: torch.Tensor,
+    node_mask: torch.Tensor,
+    node_labels: Optional[torch.Tensor],
+    transitions: Optional[torch.Tensor],
+    viterbi: bool,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    B, L, K = node_mask.shape
+    comp = compact(node_mask, by_cluster=transitions is None)
+    flat_scores = node_scores.reshape(-1)
+    totals = node_scores.new_zeros(B)
+    single_doc = comp.single_index // (L * K)
+    totals = totals.index_add(0, single_doc, flat_scores[comp.single_index])
+    chosen = None
+    if viterbi:
+        chosen = torch.zeros(B * L * K, dtype=torch.bool, device=node_mask.device)
+        chosen[comp.single_index] = True
+    if comp.n_rows:
+        labels = node_labels if node_labels is not None else torch.zeros_like(node_mask, dtype=torch.long)
+        scan_scores = _to_scan_grid(node_scores, comp, K, NEG)
+        scan_mask = _to_scan_grid(node_mask, comp, K, False)
+        scan_labels = _to_scan_grid(labels * node_mask, comp, K, 0)
+        result = _scan(scan_scores, scan_mask, scan_labels, transitions, viterbi)
+        totals = totals.index_add(0, comp.row_doc, result.total)
+        if viterbi:
+            picked = result.best_nodes.reshape(-1)[comp.scan_index]
+            chosen[comp.grid_index[picked]] = True
+    return totals, (chosen.view(B, L, K) if viterbi else None)
+
+
+def filtered_log_partition(
+    node_scores: torch.Tensor,
+    node_mask: torch.Tensor,
+    node_labels: Optional[torch.Tensor] = None,
+    transitions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``log Z`` per document, ``[B]``: logsumexp of the scores of all maximal paths."""
+    node_scores = masked_fill_neg(node_scores, node_mask)
+    return _doc_totals(node_scores, node_mask, node_labels, transitions, viterbi=False)[0]
+
+
+def filtered_viterbi(
+    node_scores: torch.Tensor,
+    node_mask: torch.Tensor,
+    node_labels: Optional[torch.Tensor] = None,
+    transitions: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The best path: ``(chosen BoolTensor[B, L, K], best score [B])``."""
+    with torch.no_grad():
+        node_scores = masked_fill_neg(node_scores, node_mask)
+        totals, chosen = _doc_totals(node_scores, node_mask, node_labels, transitions, True)
+    return chosen, totals
+
+
+def filtered_marginals(
+    node_scores: torch.Tensor,
+    node_mask: torch.Tensor,
+    node_labels: Optional[torch.Tensor] = None,
+    transitions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``[B, L, K]``: the probability that each node is on the path (0 for non-nodes).
+
+    The gradient of ``log Z`` with respect to the node scores; works under ``torch.no_grad()``.
+    """
+    with torch.enable_grad():
+        scores = node_scores.detach().requires_grad_(True)
+        log_z = filtered_log_partition(scores, node_mask, node_labels, transitions)
+        (grad,) = torch.autograd.grad(log_z.sum(), scores, allow_unused=True)
+    if grad is None:
+        grad = torch.zeros_like(scores)
+    return grad * node_mask
+
+
+def path_score(
+    node_scores: torch.Tensor,
+    path_mask: torch.Tensor,
+    node_labels: Optional[torch.Tensor] = None,
+    transitions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Score of a given path (e.g. the gold spans), ``[B]``: its node scores plus transitions
+    between consecutive nodes, from START and to END. The empty path scores 0."""
+    B, L, K = path_mask.shape
+    total = (node_scores * path_mask).sum((1, 2))
+    if transitions is None:
+        return total
+    doc, start, width = path_mask.nonzero(as_tuple=True)  # sorted by (doc, start)
+    if doc.numel() == 0:
+        return total
+    C = transitions.shape[0] - 1
+    label = node_labels[doc, start, width]
+    first = torch.ones_like(doc, dtype=torch.bool)
+    first[1:] = doc[1:] != doc[:-1]
+    last = torch.ones_like(first)
+    last[:-1] = first[1:]
+    prev = torch.cat([label.new_full((1,), C), label[:-1]])
+    prev = torch.where(first, C, prev)
+    inner = transitions[prev, label]
+    to_end = transitions[label, C] * last
+    return total.index_add(0, doc, inner + to_end)
+
+
+def count_nodes(node_mask: torch.Tensor) -> torch.Tensor:
+    """``LongTensor[B]``: nodes kept per document (the filtered graph size)."""
+    return node_mask.sum((1, 2))

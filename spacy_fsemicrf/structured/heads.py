@@ -1,0 +1,279 @@
+"""The three structured NER heads, as PyTorch modules with one shared interface.
+
+Each head maps token vectors ``X [B, L, D]`` and ``lengths [B]`` to
+
+* ``forward(X, lengths, gold)`` with gold rows ``(doc, start, end, label)``: the training loss,
+  summed over documents (a scalar tensor);
+* ``forward(X, lengths)``: the decoded entities ``(spans [N, 4], confidences [N])``, where
+  the confidence of a span is its exact marginal probability under the head's distribution.
+
+``FilteredSemiCRFHead`` is the product; ``SemiCRFHead`` and ``LinearCRFHead`` are the baselines
+of the paper, on the same encoder.
+"""
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from . import filtered
+from .linear_crf import (
+    crf_log_partition,
+    crf_score,
+    crf_span_marginals,
+    crf_viterbi,
+    spans_to_tags,
+    tag_scheme,
+    tags_to_spans,
+)
+from .semicrf import (
+    semicrf_gold_score,
+    semicrf_log_partition,
+    semicrf_marginals,
+    semicrf_viterbi,
+)
+from .semiring import NEG, masked_fill_neg
+from .spans import SpanFeaturizer, gold_label_grid, span_mask
+
+Decoded = Tuple[torch.Tensor, torch.Tensor]
+HeadOutput = Union[torch.Tensor, Decoded]
+
+# Prediction computes span scores in blocks of this many positions, so that the [B, L, K, H]
+# span representations of a 100k-token document never exist at once.
+PREDICT_BLOCK = 2048
+
+
+def _empty_decoded(device: torch.device) -> Decoded:
+    return (
+        torch.zeros((0, 4), dtype=torch.long, device=device),
+        torch.zeros((0,), device=device),
+    )
+
+
+class _SpanScorer(nn.Module):
+    """Dropout, a :class:`SpanFeaturizer` and a linear output layer: ``[B, L, D] -> [B, L, K, n_out]``."""
+
+    def __init__(
+        self,
+        input_width: int,
+        n_out: int,
+        max_width: int,
+        hidden_width: int,
+        span_repr: str,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        self.max_width = max_width
+        self.dropout = nn.Dropout(dropout)
+        self.featurizer = SpanFeaturizer(input_width, hidden_width, max_width, span_repr)
+        self.output = nn.Linear(hidden_width, n_out)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or X.shape[1] <= PREDICT_BLOCK:
+            return self.output(self.featurizer(self.dropout(X)))
+        # Spans starting in a block read at most K - 1 tokens past it.
+        K, L = self.max_width, X.shape[1]
+        blocks = []
+        for a in range(0, L, PREDICT_BLOCK):
+            b = min(a + PREDICT_BLOCK, L)
+            part = self.output(self.featurizer(self.dropout(X[:, a : b + K - 1])))
+            blocks.append(part[:, : b - a])
+        return torch.cat(blocks, dim=1)
+
+
+class FilteredSemiCRFHead(nn.Module):
+    """Filtered semi-Markov CRF (Zaratiana et al., 2023).
+
+    A local classifier labels every candidate span; the spans it does not call null become the
+    nodes of a graph whose paths are scored by a second, global head. Training minimises
+    ``L_loc + L_glob``: the cross-entropy of the local classifier over all candidates (null
+    spans weighted by ``null_weight``) plus the global CRF loss over the gold-constrained node
+    set. Decoding is the best path; confidences are the node marginals.
+    """
+
+    def __init__(
+        self,
+        input_width: int,
+        n_labels: int,
+        *,
+        max_width: int = 10,
+        hidden_width: int = 128,
+        span_repr: str = "endpoints",
+        transitions: bool = False,
+        null_weight: float = 0.5,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if not 0.0 < null_weight <= 1.0:
+            raise ValueError(f"null_weight must be in (0, 1], got {null_weight}")
+        self.n_labels = n_labels
+        self.max_width = max_width
+        self.null_weight = null_weight
+        C = n_labels + 1
+        # One scorer with 2C outputs: the local scores and the global scores share the span
+        # representation, as in the paper.
+        self.scorer = _SpanScorer(input_width, 2 * C, max_width, hidden_width, span_repr, dropout)
+        self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
+
+    def span_scores(self, X: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(local [B, L, K, C], global [B, L, K, C])`` span scores."""
+        scores = self.scorer(X)
+        return scores.chunk(2, dim=-1)
+
+    def forward(
+        self, X: torch.Tensor, lengths: torch.Tensor, gold: Optional[torch.Tensor] = None
+    ) -> HeadOutput:
+        local, glob = self.span_scores(X)
+        if gold is None:
+            return self.decode(local, glob, lengths)
+        return self.loss(local, glob, lengths, gold)
+
+    def loss(
+        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor
+    ) -> torch.Tensor:
+        B, L, K, C = local.shape
+        grid = gold_label_grid(gold, lengths, L, K)
+        valid = span_mask(lengths, L, K)
+        ce = nn.functional.cross_entropy(
+            local.reshape(-1, C).float(), grid.reshape(-1), reduction="none"
+        ).view(B, L, K)
+        weight = torch.where(grid > 0, 1.0, self.null_weight) * valid
+        loss_local = (ce * weight).sum()
+        mask, labels = filtered.training_nodes(local.detach(), lengths, grid)
+        scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        T = None if self.transitions is None else self.transitions.float()
+        log_z = filtered.filtered_log_partition(scores, mask, labels, T)
+        gold_score = filtered.path_score(scores, grid > 0, labels, T)
+        return loss_local + (log_z - gold_score).sum()
+
+    def nodes(
+        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The inference node set: ``(mask, labels, global scores)``, each ``[B, L, K]``."""
+        mask, labels = filtered.inference_nodes(local, lengths)
+        scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        return mask, labels, scores
+
+    def decode(self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor) -> Decoded:
+        mask, labels, scores = self.nodes(local, glob, lengths)
+        T = None if self.transitions is None else self.transitions.detach().float()
+        chosen, _ = filtered.filtered_viterbi(scores, mask, labels, T)
+        doc, start, width = chosen.nonzero(as_tuple=True)
+        if doc.numel() == 0:
+            return _empty_decoded(local.device)
+        marginals = filtered.filtered_marginals(scores, mask, labels, T)
+        spans = torch.stack([doc, start, start + width, labels[doc, start, width]], dim=1)
+        return spans, marginals[doc, start, width].clamp(0.0, 1.0)
+
+    @torch.no_grad()
+    def count_nodes(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``LongTensor[B]``: the size of the filtered graph (kept nodes) of each document."""
+        local, glob = self.span_scores(X)
+        return filtered.count_nodes(self.nodes(local, glob, lengths)[0])
+
+
+class SemiCRFHead(nn.Module):
+    """Exact semi-Markov CRF over all segmentations with segments up to ``max_width`` (baseline).
+
+    Entity segments take widths 1..K; null segments have width 1.
+    """
+
+    def __init__(
+        self,
+        input_width: int,
+        n_labels: int,
+        *,
+        max_width: int = 10,
+        hidden_width: int = 128,
+        span_repr: str = "endpoints",
+        transitions: bool = True,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.n_labels = n_labels
+        self.max_width = max_width
+        C = n_labels + 1
+        self.scorer = _SpanScorer(input_width, C, max_width, hidden_width, span_repr, dropout)
+        self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
+
+    def span_scores(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``[B, L, K, C]`` segment scores; impossible segments (past the end, null wider than
+        one token) hold NEG."""
+        scores = self.scorer(X).float()
+        B, L, K, C = scores.shape
+        keep = span_mask(lengths, L, K).unsqueeze(-1).expand(B, L, K, C).clone()
+        keep[:, :, 1:, 0] = False
+        return masked_fill_neg(scores, keep)
+
+    def forward(
+        self, X: torch.Tensor, lengths: torch.Tensor, gold: Optional[torch.Tensor] = None
+    ) -> HeadOutput:
+        scores = self.span_scores(X, lengths)
+        T = None if self.transitions is None else self.transitions.float()
+        if gold is not None:
+            log_z = semicrf_log_partition(scores, lengths, T)
+            return (log_z - semicrf_gold_score(scores, lengths, gold, T)).sum()
+        T = None if T is None else T.detach()
+        spans, _ = semicrf_viterbi(scores.detach(), lengths, T)
+        if spans.shape[0] == 0:
+            return _empty_decoded(scores.device)
+        marginals = semicrf_marginals(scores.detach(), lengths, T)
+        doc, start, end, label = spans.unbind(1)
+        return spans, marginals[doc, start, end - start, label].clamp(0.0, 1.0)
+
+
+class LinearCRFHead(nn.Module):
+    """Linear-chain CRF over BIO or BILUO tags, invalid transitions masked (baseline).
+
+    Emissions come from a hidden layer as wide as the span heads', so the three heads have
+    comparable capacity on top of the same encoder. Entities may be wider than ``max_width``.
+    """
+
+    def __init__(
+        self,
+        input_width: int,
+        n_labels: int,
+        *,
+        max_width: int = 10,
+        hidden_width: int = 128,
+        scheme: str = "BIO",
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.n_labels = n_labels
+        self.max_width = max_width
+        self.scheme = tag_scheme(n_labels, scheme)
+        n_tags = self.scheme.n_tags
+        self.emitter = nn.Sequential(
+            nn.Dropout(dropout),
+            nn.Linear(input_width, hidden_width),
+            nn.GELU(),
+            nn.Linear(hidden_width, n_tags),
+        )
+        self.transitions = nn.Parameter(torch.zeros(n_tags + 1, n_tags + 1))
+        self.register_buffer("allowed", self.scheme.allowed.clone(), persistent=False)
+
+    def forward(
+        self, X: torch.Tensor, lengths: torch.Tensor, gold: Optional[torch.Tensor] = None
+    ) -> HeadOutput:
+        emissions = self.emitter(X).float()
+        T = self.transitions.float()
+        allowed = self.allowed.to(emissions.device)
+        if gold is not None:
+            tags = spans_to_tags(gold.to(emissions.device), lengths, X.shape[1], self.scheme)
+            log_z = crf_log_partition(emissions, T, lengths, allowed)
+            return (log_z - crf_score(emissions, T, tags, lengths, allowed)).sum()
+        emissions, T = emissions.detach(), T.detach()
+        tags, _ = crf_viterbi(emissions, T, lengths, allowed)
+        spans = tags_to_spans(tags, lengths, self.scheme)
+        if spans.shape[0] == 0:
+            return _empty_decoded(emissions.device)
+        conf = crf_span_marginals(emissions, T, lengths, spans, self.scheme, allowed)
+        return spans, conf.clamp(0.0, 1.0)
+
+
+HEADS = {
+    "filtered": FilteredSemiCRFHead,
+    "semicrf": SemiCRFHead,
+    "crf": LinearCRFHead,
+}
+"""Head classes by short name."""

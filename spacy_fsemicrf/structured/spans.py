@@ -1,0 +1,135 @@
+"""Candidate spans on a padded batch, gold span grids, and span featurizers.
+
+Every span-level tensor uses the grid layout ``[B, L, K, ...]``: entry ``(b, i, w)`` is the span
+of tokens ``i .. i + w`` (inclusive, width ``w + 1``) of document ``b``. It is a candidate iff
+``i + w < lengths[b]``, so a document of length ``n`` has ``sum(min(K, n - i))`` candidates, at
+most ``n * K``.
+"""
+from typing import Optional
+
+import torch
+from torch import nn
+
+SPAN_REPRS = ("endpoints", "sum", "mean", "max")
+
+
+def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tensor:
+    """``BoolTensor[B, L, K]``: which grid entries are candidate spans of their document."""
+    ends = span_ends(length, max_width, lengths.device)
+    return ends.unsqueeze(0) < lengths.view(-1, 1, 1)
+
+
+def span_ends(length: int, max_width: int, device: Optional[torch.device] = None) -> torch.Tensor:
+    """``LongTensor[L, K]``: the inclusive end ``i + w`` of every grid entry."""
+    starts = torch.arange(length, device=device).view(-1, 1)
+    return starts + torch.arange(max_width, device=device).view(1, -1)
+
+
+def gold_label_grid(
+    gold: torch.Tensor, lengths: torch.Tensor, length: int, max_width: int
+) -> torch.Tensor:
+    """Scatter gold rows ``(doc, start, end, label)`` into a ``LongTensor[B, L, K]`` of labels.
+
+    Entries that are not gold spans hold 0 (null). Raises ``ValueError`` for a span outside its
+    document, wider than ``max_width``, with a label below 1, or overlapping another gold span:
+    the structured heads assume a valid segmentation, and a silent drop would hide a data bug.
+    """
+    grid = torch.zeros(
+        (lengths.shape[0], length, max_width), dtype=torch.long, device=lengths.device
+    )
+    if gold.numel() == 0:
+        return grid
+    gold = gold.to(lengths.device).long()
+    doc, start, end, label = gold.unbind(-1)
+    width = end - start
+    if bool((start < 0).any() or (end >= lengths[doc]).any() or (width < 0).any()):
+        raise ValueError("gold span outside its document (or end < start)")
+    if bool((width >= max_width).any()):
+        raise ValueError(
+            f"gold span of width {int(width.max()) + 1} exceeds max_width={max_width}"
+        )
+    if bool((label < 1).any()):
+        raise ValueError("gold span labels must be entity ids >= 1 (0 is null)")
+    cover = token_coverage(doc, start, end, lengths.shape[0], length)
+    if bool((cover > 1).any()):
+        raise ValueError("gold spans overlap within a document")
+    grid[doc, start, width] = label
+    return grid
+
+
+def token_coverage(
+    doc: torch.Tensor, start: torch.Tensor, end: torch.Tensor, batch: int, length: int
+) -> torch.Tensor:
+    """``LongTensor[B, L]``: how many of the given spans cover each token (difference array)."""
+    diff = torch.zeros((batch, length + 1), dtype=torch.long, device=doc.device)
+    ones = torch.ones_like(start)
+    diff.index_put_((doc, start), ones, accumulate=True)
+    diff.index_put_((doc, end + 1), -ones, accumulate=True)
+    return diff.cumsum(1)[:, :length]
+
+
+def overlap_mask(span_set: torch.Tensor) -> torch.Tensor:
+    """``BoolTensor[B, L, K]``: grid spans that share a token with some span of ``span_set``.
+
+    ``span_set`` is a boolean grid. A span ``i..j`` overlaps the set iff one of its tokens is
+    covered, i.e. the prefix sum of the coverage differs between ``j + 1`` and ``i``.
+    """
+    batch, length, max_width = span_set.shape
+    doc, start, width = span_set.nonzero(as_tuple=True)
+    covered = token_coverage(doc, start, start + width, batch, length) > 0
+    prefix = torch.nn.functional.pad(covered.long().cumsum(1), (1, max_width))
+    ends = span_ends(length, max_width, span_set.device)
+    inside = prefix[:, ends + 1] - prefix[:, :length].unsqueeze(-1)
+    return inside > 0
+
+
+def window_view(x: torch.Tensor, max_width: int) -> torch.Tensor:
+    """``[B, L, D] -> [B, L, K, D]`` where entry ``(b, i, w)`` is ``x[b, i + w]`` (zero past L).
+
+    A strided view of the zero-padded input: no copy, whatever K is.
+    """
+    padded = torch.nn.functional.pad(x, (0, 0, 0, max_width - 1))
+    return padded.unfold(1, max_width, 1).transpose(-1, -2)
+
+
+class SpanFeaturizer(nn.Module):
+    """Span representations ``r(i, j)`` on the grid: ``[B, L, D] -> [B, L, K, H]``.
+
+    ``endpoints``: ``act(W [h_i; h_j; width_emb(j - i)] + b)``. The affine map splits into a
+    start part and an end part computed once per token and a width part computed once per
+    width, so the per-span cost is two adds and the nonlinearity.
+    ``sum`` / ``mean`` / ``max``: pooling of ``W h_t`` over ``t = i..j`` plus a width embedding,
+    then the nonlinearity. Projecting before pooling is exact for sum and mean (linearity) and
+    keeps the pooled tensor H wide instead of D wide.
+    """
+
+    def __init__(
+        self, input_width: int, hidden_width: int, max_width: int, span_repr: str = "endpoints"
+    ) -> None:
+        super().__init__()
+        if span_repr not in SPAN_REPRS:
+            raise ValueError(f"span_repr must be one of {SPAN_REPRS}, got {span_repr!r}")
+        if max_width < 1:
+            raise ValueError(f"max_width must be >= 1, got {max_width}")
+        self.span_repr = span_repr
+        self.max_width = max_width
+        n_proj = 2 if span_repr == "endpoints" else 1
+        self.token_proj = nn.Linear(input_width, n_proj * hidden_width)
+        self.width_emb = nn.Parameter(torch.zeros(max_width, hidden_width))
+        nn.init.normal_(self.width_emb, std=0.02)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        proj = self.token_proj(x)
+        K = self.max_width
+        if self.span_repr == "endpoints":
+            start, end = proj.chunk(2, dim=-1)
+            pooled = start.unsqueeze(2) + window_view(end, K)
+        elif self.span_repr in ("sum", "mean"):
+            pooled = window_view(proj, K).cumsum(2)
+            if self.span_repr == "mean":
+                widths = torch.arange(1, K + 1, device=x.device, dtype=proj.dtype)
+                pooled = pooled / widths.view(1, 1, -1, 1)
+        else:
+            pooled = window_view(proj, K).cummax(2).values
+        return self.act(pooled + self.width_emb)

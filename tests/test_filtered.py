@@ -1,0 +1,231 @@
+"""The filtered semi-CRF against brute-force enumeration of maximal non-overlapping node sets."""
+import math
+from typing import List, Optional, Tuple
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spacy_fsemicrf.structured.filtered import (
+    compact,
+    filtered_log_partition,
+    filtered_marginals,
+    filtered_viterbi,
+    inference_nodes,
+    path_score,
+    start_bound,
+    training_nodes,
+)
+from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask
+
+from .bruteforce import liang_edges, maximal_nonoverlapping_sets
+
+DTYPE = torch.float64
+
+
+def random_nodes(seed: int, batch: int, length: int, max_width: int, n_classes: int, density: float):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, length + 1, (batch,), generator=gen)
+    valid = span_mask(lengths, length, max_width)
+    mask = (torch.rand((batch, length, max_width), generator=gen) < density) & valid
+    scores = torch.randn((batch, length, max_width), generator=gen, dtype=DTYPE)
+    labels = torch.randint(1, n_classes, (batch, length, max_width), generator=gen) * mask
+    transitions = torch.randn((n_classes + 1, n_classes + 1), generator=gen, dtype=DTYPE)
+    return lengths, mask, scores, labels, transitions
+
+
+def doc_nodes(mask: torch.Tensor, b: int) -> List[Tuple[int, int]]:
+    """Grid coordinates (start, width) of document b's nodes, in grid order."""
+    return [(int(i), int(w)) for i, w in mask[b].nonzero().tolist()]
+
+
+def enumerate_paths(scores, mask, labels, transitions: Optional[torch.Tensor], b: int):
+    """Every maximal path of document b with its score, by brute force."""
+    grid = doc_nodes(mask, b)
+    intervals = [(i, i + w) for i, w in grid]
+    C = None if transitions is None else transitions.shape[0] - 1
+    paths = []
+    for subset in maximal_nonoverlapping_sets(intervals):
+        chosen = sorted(subset, key=lambda k: intervals[k][0])
+        total = sum(float(scores[b, grid[k][0], grid[k][1]]) for k in chosen)
+        if transitions is not None and chosen:
+            labs = [int(labels[b, grid[k][0], grid[k][1]]) for k in chosen]
+            total += float(transitions[C, labs[0]]) + float(transitions[labs[-1], C])
+            total += sum(float(transitions[x, y]) for x, y in zip(labs, labs[1:]))
+        paths.append((frozenset(grid[k] for k in chosen), total))
+    return paths
+
+
+problems = st.tuples(
+    st.integers(0, 10_000),  # seed
+    st.integers(1, 3),  # batch
+    st.integers(1, 7),  # length
+    st.integers(1, 4),  # max width
+    st.integers(2, 4),  # classes incl. null
+    st.floats(0.1, 0.9),  # node density
+    st.booleans(),  # transitions
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems)
+def test_log_z_viterbi_marginals_match_brute_force(problem):
+    seed, B, L, K, C, density, use_t = problem
+    lengths, mask, scores, labels, T = random_nodes(seed, B, L, K, C, density)
+    T = T if use_t else None
+    log_z = filtered_log_partition(scores, mask, labels, T)
+    chosen, best = filtered_viterbi(scores, mask, labels, T)
+    marginals = filtered_marginals(scores, mask, labels, T)
+    for b in range(B):
+        paths = enumerate_paths(scores, mask, labels, T, b)
+        values = torch.tensor([v for _, v in paths], dtype=DTYPE)
+        ref = torch.logsumexp(values, 0)
+        assert log_z[b].item() == pytest.approx(ref.item(), abs=1e-8)
+        top = max(v for _, v in paths)
+        assert best[b].item() == pytest.approx(top, abs=1e-8)
+        picked = frozenset((int(i), int(w)) for i, w in chosen[b].nonzero().tolist())
+        assert picked in {p for p, _ in paths}
+        assert dict(paths)[picked] == pytest.approx(top, abs=1e-8)
+        for node in doc_nodes(mask, b):
+            p = sum(math.exp(v - ref.item()) for path, v in paths if node in path)
+            assert marginals[b, node[0], node[1]].item() == pytest.approx(p, abs=1e-8)
+    assert not (marginals * ~mask).any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems)
+def test_gradient_of_log_z_is_the_marginals_and_batching_is_exact(problem):
+    seed, B, L, K, C, density, use_t = problem
+    lengths, mask, scores, labels, T = random_nodes(seed, B, L, K, C, density)
+    T = T if use_t else None
+    scores = scores.clone().requires_grad_(True)
+    log_z = filtered_log_partition(scores, mask, labels, T)
+    (grad,) = torch.autograd.grad(log_z.sum(), scores)
+    assert torch.allclose(grad, filtered_marginals(scores, mask, labels, T), atol=1e-10)
+    for b in range(B):
+        one = slice(b, b + 1)
+        alone = filtered_log_partition(scores[one], mask[one], labels[one], T)
+        assert alone.item() == pytest.approx(log_z[b].item(), abs=1e-9)
+        chosen_alone, _ = filtered_viterbi(scores[one], mask[one], labels[one], T)
+        chosen, _ = filtered_viterbi(scores, mask, labels, T)
+        assert torch.equal(chosen_alone[0], chosen[b])
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems)
+def test_scan_predecessors_are_the_liang_edges(problem):
+    seed, B, L, K, C, density, _ = problem
+    _, mask, _, _, _ = random_nodes(seed, B, L, K, C, density)
+    bound = start_bound(mask)
+    for b in range(B):
+        intervals = [(i, i + w) for i, w in doc_nodes(mask, b)]
+        n = len(intervals)
+        expected = set(liang_edges(intervals))
+        START, END = "START", "END"
+        scan = set()
+        for v, (s, _) in enumerate(intervals):
+            p = int(bound[b, s])
+            if p == -1:
+                scan.add((START, v))
+            for u, (_, e) in enumerate(intervals):
+                if p <= e <= s - 1:
+                    scan.add((u, v))
+        p_end = int(bound[b, L])
+        for u, (_, e) in enumerate(intervals):
+            if e >= p_end:
+                scan.add((u, END))
+        if n == 0:
+            scan.add((START, END))
+        assert scan == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems, st.integers(0, 10_000))
+def test_gold_path_is_a_path_under_the_training_constraint(problem, gold_seed):
+    seed, B, L, K, C, _, use_t = problem
+    gen = torch.Generator().manual_seed(gold_seed)
+    lengths = torch.randint(0, L + 1, (B,), generator=gen)
+    local = torch.randn((B, L, K, C), generator=gen, dtype=DTYPE)
+    rows = []
+    for b in range(B):  # a random segmentation's entity spans
+        i = 0
+        while i < int(lengths[b]):
+            w = int(torch.randint(0, K, (1,), generator=gen))
+            w = min(w, int(lengths[b]) - 1 - i)
+            if torch.rand((1,), generator=gen).item() < 0.5:
+                rows.append((b, i, i + w, int(torch.randint(1, C, (1,), generator=gen))))
+            i += w + 1
+    gold = torch.tensor(rows, dtype=torch.long).view(-1, 4)
+    grid = gold_label_grid(gold, lengths, L, K)
+    mask, labels = training_nodes(local, lengths, grid)
+    assert torch.equal(labels[grid > 0], grid[grid > 0])
+    scores = torch.randn((B, L, K), generator=gen, dtype=DTYPE)
+    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    log_z = filtered_log_partition(scores, mask, labels, T)
+    gold_score = path_score(scores, grid > 0, labels, T)
+    assert (log_z - gold_score >= -1e-9).all()
+    for b in range(B):
+        gold_path = frozenset((int(i), int(w)) for i, w in (grid[b] > 0).nonzero().tolist())
+        paths = dict(enumerate_paths(scores, mask, labels, T, b))
+        assert gold_path in paths
+        assert paths[gold_path] == pytest.approx(gold_score[b].item(), abs=1e-8)
+        # every extra node overlaps a gold span, with a non-null local label
+        for i, w in doc_nodes(mask, b):
+            if grid[b, i, w] == 0:
+                assert local[b, i, w].argmax() > 0
+                assert any(gi <= i + w and i <= gi + gw for gi, gw in gold_path)
+
+
+def test_no_nan_for_empty_documents_single_tokens_and_empty_node_sets():
+    lengths = torch.tensor([0, 1, 5, 3])
+    B, L, K = 4, 5, 3
+    scores = torch.randn((B, L, K), requires_grad=True)
+    mask = torch.zeros((B, L, K), dtype=torch.bool)
+    mask[1, 0, 0] = True
+    mask[3, 0, 1] = mask[3, 1, 0] = mask[3, 1, 1] = True
+    labels = mask.long()
+    for T in (None, torch.randn(3, 3)):
+        log_z = filtered_log_partition(scores, mask, labels, T)
+        assert torch.isfinite(log_z).all()
+        assert log_z[0] == 0 and log_z[2] == 0  # empty node set: the single empty path
+        (grad,) = torch.autograd.grad(log_z.sum(), scores)
+        assert torch.isfinite(grad).all()
+        chosen, best = filtered_viterbi(scores, mask, labels, T)
+        assert chosen[1, 0, 0] and not chosen[0].any() and not chosen[2].any()
+    empty = torch.zeros((0, 0, K))
+    assert filtered_log_partition(empty, empty.bool()).shape == (0,)
+
+
+def test_transitions_of_zero_equal_no_transitions():
+    """Per-document scan (transitions) and per-cluster scan (none) agree when T = 0."""
+    lengths, mask, scores, labels, _ = random_nodes(3, 8, 40, 5, 5, 0.15)
+    zero = torch.zeros((6, 6), dtype=DTYPE)
+    assert torch.allclose(
+        filtered_log_partition(scores, mask, labels, None),
+        filtered_log_partition(scores, mask, labels, zero),
+    )
+    assert torch.equal(
+        filtered_viterbi(scores, mask, labels, None)[0],
+        filtered_viterbi(scores, mask, labels, zero)[0],
+    )
+
+
+def test_compaction_cuts_clusters_and_skips_single_nodes():
+    mask = torch.zeros((1, 30, 4), dtype=torch.bool)
+    mask[0, 2, 0] = True  # alone
+    mask[0, 10, 2] = mask[0, 11, 0] = True  # cluster 10..12
+    mask[0, 20, 3] = mask[0, 22, 3] = True  # cluster 20..25
+    comp = compact(mask, by_cluster=True)
+    assert comp.n_rows == 2 and comp.scan_length == 6 and comp.single_index.numel() == 1
+    whole = compact(mask, by_cluster=False)
+    assert whole.n_rows == 1 and whole.scan_length == 1 + 3 + 6
+
+
+def test_inference_nodes_are_the_non_null_local_argmax():
+    local = torch.randn(2, 6, 3, 4)
+    lengths = torch.tensor([6, 2])
+    mask, labels = inference_nodes(local, lengths)
+    expected = (local.argmax(-1) > 0) & span_mask(lengths, 6, 3)
+    assert torch.equal(mask, expected)
+    assert torch.equal(labels[mask], local.argmax(-1)[mask])

@@ -1,0 +1,113 @@
+"""The three heads: the shared interface, learning a toy task, and long-document decoding."""
+import pytest
+import torch
+
+from spacy_fsemicrf.structured import heads as heads_module
+from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead
+
+D, M, K = 8, 3, 4
+
+
+def toy_batch(seed: int = 0, B: int = 6, L: int = 12):
+    """Token vectors that encode the gold labels (one-hot in the first dims, plus noise), so a
+    head can fit the task quickly; entity spans of width 1..3."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, L + 1, (B,), generator=gen)
+    lengths[0] = L
+    X = 0.1 * torch.randn((B, L, D), generator=gen)
+    rows = []
+    for b in range(B):
+        i = 0
+        while i < int(lengths[b]):
+            w = min(int(torch.randint(0, 3, (1,), generator=gen)), int(lengths[b]) - 1 - i)
+            if torch.rand((1,), generator=gen).item() < 0.4:
+                label = int(torch.randint(1, M + 1, (1,), generator=gen))
+                rows.append((b, i, i + w, label))
+                X[b, i, label] += 1.0  # begin marker with the label
+                X[b, i : i + w + 1, 0] += 1.0  # inside marker
+                X[b, i + w, M + 1] += 1.0  # end marker
+            i += w + 1
+    return X, lengths, torch.tensor(rows, dtype=torch.long).view(-1, 4)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_head_learns_the_toy_task_and_decodes_valid_spans(name):
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K, hidden_width=32, dropout=0.0)
+    X, lengths, gold = toy_batch()
+    opt = torch.optim.Adam(head.parameters(), lr=0.02)
+    losses = []
+    for _ in range(150):
+        opt.zero_grad()
+        loss = head(X, lengths, gold)
+        assert loss.dim() == 0 and torch.isfinite(loss)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.1 * losses[0]
+    head.eval()
+    with torch.no_grad():
+        spans, conf = head(X, lengths)
+    assert spans.dtype == torch.long and spans.shape[1] == 4 and conf.shape == (spans.shape[0],)
+    assert ((conf >= 0) & (conf <= 1)).all()
+    found = {tuple(r) for r in spans.tolist()}
+    expected = {tuple(r) for r in gold.tolist()}
+    assert len(found & expected) >= 0.9 * len(expected)
+    # decoded spans are inside their document and do not overlap
+    for b in range(X.shape[0]):
+        mine = sorted((s, e) for d, s, e, _ in spans.tolist() if d == b)
+        assert all(0 <= s <= e < lengths[b] for s, e in mine)
+        assert all(e1 < s2 for (_, e1), (s2, _) in zip(mine, mine[1:]))
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_head_handles_empty_and_single_token_documents(name):
+    head = HEADS[name](D, M, max_width=K, hidden_width=16)
+    X = torch.randn(3, 5, D)
+    lengths = torch.tensor([0, 1, 5])
+    gold = torch.tensor([[1, 0, 0, 2]])
+    loss = head(X, lengths, gold)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in head.parameters() if p.grad is not None)
+    with torch.no_grad():
+        spans, conf = head(X, lengths)
+    assert not (spans[:, 0] == 0).any()  # nothing in the empty document
+    empty_spans, empty_conf = head(torch.zeros(2, 0, D), torch.tensor([0, 0]))
+    assert empty_spans.shape == (0, 4) and empty_conf.shape == (0,)
+
+
+def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch):
+    torch.manual_seed(1)
+    head = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=16).eval()
+    # Make the local classifier call many spans non-null so the graph is not trivial.
+    with torch.no_grad():
+        head.scorer.output.bias[: M + 1] = torch.tensor([0.0] + [0.3] * M)
+    X = torch.randn(2, 300, D)
+    lengths = torch.tensor([300, 171])
+    with torch.no_grad():
+        whole = head(X, lengths)
+        monkeypatch.setattr(heads_module, "PREDICT_BLOCK", 64)
+        blocked = head(X, lengths)
+    assert torch.equal(whole[0], blocked[0])
+    assert torch.allclose(whole[1], blocked[1], atol=1e-5)
+
+
+def test_filtered_node_marginals_are_probabilities_of_kept_spans():
+    torch.manual_seed(2)
+    head = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=16, transitions=True).eval()
+    with torch.no_grad():
+        head.scorer.output.bias[: M + 1] = torch.tensor([0.0] + [0.5] * M)
+        head.transitions.normal_()
+        spans, conf = head(torch.randn(2, 20, D), torch.tensor([20, 9]))
+    assert spans.shape[0] > 0
+    assert ((conf > 0) & (conf <= 1)).all()
+    assert head.count_nodes(torch.randn(2, 20, D), torch.tensor([20, 9])).shape == (2,)
+
+
+def test_filtered_head_validates_its_arguments():
+    with pytest.raises(ValueError, match="null_weight"):
+        FilteredSemiCRFHead(D, M, null_weight=0.0)
+    head = FilteredSemiCRFHead(D, M, max_width=2)
+    with pytest.raises(ValueError, match="max_width"):
+        head(torch.randn(1, 5, D), torch.tensor([5]), torch.tensor([[0, 0, 3, 1]]))

@@ -1,0 +1,101 @@
+"""Candidate spans, gold grids and span featurizers."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spacy_fsemicrf.structured.semiring import NEG, logsumexp
+from spacy_fsemicrf.structured.spans import (
+    SpanFeaturizer,
+    gold_label_grid,
+    overlap_mask,
+    span_mask,
+    window_view,
+)
+
+
+def test_span_mask_counts_the_candidates():
+    lengths = torch.tensor([0, 1, 4, 7])
+    mask = span_mask(lengths, 7, 3)
+    for b, n in enumerate(lengths.tolist()):
+        assert mask[b].sum() == sum(min(3, n - i) for i in range(n))
+        for i, w in mask[b].nonzero().tolist():
+            assert i + w < n
+
+
+def test_gold_label_grid_places_labels_and_rejects_bad_spans():
+    lengths = torch.tensor([5, 3])
+    gold = torch.tensor([[0, 0, 1, 2], [0, 3, 3, 1], [1, 1, 2, 1]])
+    grid = gold_label_grid(gold, lengths, 5, 3)
+    assert grid[0, 0, 1] == 2 and grid[0, 3, 0] == 1 and grid[1, 1, 1] == 1
+    assert grid.count_nonzero() == 3
+    with pytest.raises(ValueError, match="max_width"):
+        gold_label_grid(torch.tensor([[0, 0, 3, 1]]), lengths, 5, 3)
+    with pytest.raises(ValueError, match="overlap"):
+        gold_label_grid(torch.tensor([[0, 0, 1, 1], [0, 1, 2, 1]]), lengths, 5, 3)
+    with pytest.raises(ValueError, match="outside"):
+        gold_label_grid(torch.tensor([[1, 2, 3, 1]]), lengths, 5, 3)
+    with pytest.raises(ValueError, match="labels"):
+        gold_label_grid(torch.tensor([[0, 2, 3, 0]]), lengths, 5, 3)
+    empty = gold_label_grid(torch.zeros((0, 4), dtype=torch.long), lengths, 5, 3)
+    assert empty.count_nonzero() == 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 9), st.integers(1, 4))
+def test_overlap_mask_matches_brute_force(seed, L, K):
+    gen = torch.Generator().manual_seed(seed)
+    spans = (torch.rand((2, L, K), generator=gen) < 0.1) & span_mask(torch.tensor([L, L]), L, K)
+    got = overlap_mask(spans)
+    for b in range(2):
+        chosen = [(i, i + w) for i, w in spans[b].nonzero().tolist()]
+        for i in range(L):
+            for w in range(min(K, L - i)):
+                want = any(a <= i + w and i <= e for a, e in chosen)
+                assert bool(got[b, i, w]) == want
+
+
+def test_window_view_reads_ahead_with_zero_padding():
+    x = torch.arange(1.0, 6.0).view(1, 5, 1)
+    view = window_view(x, 3)
+    assert view.shape == (1, 5, 3, 1)
+    assert view[0, :, :, 0].tolist() == [[1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 0], [5, 0, 0]]
+
+
+@pytest.mark.parametrize("span_repr", ["endpoints", "sum", "mean", "max"])
+def test_featurizer_equals_the_explicit_formula(span_repr):
+    torch.manual_seed(0)
+    D, H, K, L = 5, 4, 3, 6
+    feat = SpanFeaturizer(D, H, K, span_repr).double()
+    x = torch.randn(2, L, D, dtype=torch.float64)
+    out = feat(x)
+    assert out.shape == (2, L, K, H)
+    W, bias = feat.token_proj.weight, feat.token_proj.bias
+    for b in range(2):
+        for i in range(L):
+            for w in range(K):
+                j = i + w
+                if j >= L:
+                    continue
+                if span_repr == "endpoints":
+                    pre = (W[:H] @ x[b, i] + bias[:H]) + (W[H:] @ x[b, j] + bias[H:])
+                else:
+                    proj = x[b, i : j + 1] @ W.T + bias
+                    pre = {"sum": proj.sum(0), "mean": proj.mean(0), "max": proj.max(0).values}[span_repr]
+                want = torch.nn.functional.gelu(pre + feat.width_emb[w])
+                assert torch.allclose(out[b, i, w], want, atol=1e-10)
+
+
+def test_featurizer_rejects_unknown_repr():
+    with pytest.raises(ValueError, match="span_repr"):
+        SpanFeaturizer(4, 4, 3, "attention")
+
+
+def test_masked_logsumexp_is_neg_with_zero_gradient_when_everything_is_masked():
+    x = torch.randn(2, 3, requires_grad=True)
+    keep = torch.tensor([[False, False, False], [True, False, True]])
+    out = logsumexp(x, 1, keep)
+    assert out[0] == NEG
+    assert out[1].item() == pytest.approx(torch.logsumexp(x[1, [0, 2]], 0).item())
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all() and (x.grad[0] == 0).all()
