@@ -4,10 +4,11 @@
     python benchmarks/bench_structured.py --quick        # L <= 256, fewer repeats
     python benchmarks/bench_structured.py --memory       # + peak memory of filtered log Z + backward
 
-All heads read the same inputs: a random-but-plausible scorer. Each document gets a random
-gold segmentation (entities on about 15% of the tokens, widths 1-4), and scores that favour it
-with Gaussian noise, so the local classifier keeps the gold spans plus some overlapping
-distractors, as a half-trained model does. The span scores feed the filtered and exact
+All heads read the same inputs: a random-but-plausible scorer (see ``plausible_inputs``). Each
+document gets a random gold segmentation (entities on about 15% of the tokens, widths 1-4),
+and noisy scores under which the local classifier keeps the gold spans plus distractors that
+overlap them and a few stray false positives, as a trained model's filter does (compare the
+kept-node counts with those of the trained pipeline in the project benchmark). The span scores feed the filtered and exact
 semi-CRFs; the token emissions of the linear CRF are derived from the same gold and noise.
 Timings are medians over repeats, measured interleaved (head by head within each repeat) in
 one process, single-threaded unless ``--threads`` says otherwise. Prints a Markdown table and
@@ -46,29 +47,51 @@ from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask
 HEADS = ("filtered", "semicrf", "crf")
 
 
-def plausible_inputs(batch: int, length: int, n_classes: int, max_width: int, seed: int = 0):
-    """Span scores ``[B, L, K, C]``, token emissions ``[B, L, n_tags]``, gold rows, lengths."""
+def plausible_inputs(
+    batch: int, length: int, n_classes: int, max_width: int, seed: int = 0,
+    distractors: float = 1.0, false_positives: float = 0.01,
+):
+    """Span scores ``[B, L, K, C]``, token emissions ``[B, L, n_tags]``, gold rows, lengths.
+
+    Gold entities cover about 15% of the tokens (widths 1-4). The local scores put null first
+    by a wide margin everywhere except on the gold spans and on the distractors: on average
+    ``distractors`` spans per gold span that overlap it (a boundary moved by one token), and
+    ``false_positives`` short spans per token anywhere. Each kept span's winning label gets
+    unit-Gaussian noise, as do all other scores.
+    """
     gen = torch.Generator().manual_seed(seed)
+    K, C = max_width, n_classes
     lengths = torch.full((batch,), length, dtype=torch.long)
     rows = []
     for b in range(batch):
         i = 0
         while i < length:
             if torch.rand((1,), generator=gen).item() < 0.08:
-                w = min(int(torch.randint(0, 4, (1,), generator=gen)), length - 1 - i, max_width - 1)
-                rows.append((b, i, i + w, int(torch.randint(1, n_classes, (1,), generator=gen))))
+                w = min(int(torch.randint(0, 4, (1,), generator=gen)), length - 1 - i, K - 1)
+                rows.append((b, i, i + w, int(torch.randint(1, C, (1,), generator=gen))))
                 i += w + 1
             else:
                 i += 1
     gold = torch.tensor(rows, dtype=torch.long).view(-1, 4)
-    grid = gold_label_grid(gold, lengths, length, max_width)
-    K, C = max_width, n_classes
-    noise = torch.randn((batch, length, K, C), generator=gen)
-    spans = 1.0 * noise
-    spans[..., 0] += 2.5  # null is the usual answer...
-    spans.scatter_add_(-1, grid.unsqueeze(-1), torch.full_like(spans[..., :1], 4.0))
-    spans[..., 0] -= 4.0 * (grid > 0)  # ...except on gold spans
-    spans = masked_fill_neg(spans, span_mask(lengths, length, K).unsqueeze(-1))
+    grid = gold_label_grid(gold, lengths, length, K)
+    valid = span_mask(lengths, length, K)
+    kept = grid > 0
+    # distractors: gold spans with one boundary moved by one token
+    n_d = torch.poisson(torch.full((gold.shape[0],), distractors), generator=gen).long()
+    src = gold.repeat_interleave(n_d, 0)
+    shift = torch.randint(0, 4, (src.shape[0],), generator=gen)
+    d_start = src[:, 1] + torch.where(shift == 0, -1, torch.where(shift == 1, 1, 0))
+    d_end = src[:, 2] + torch.where(shift == 2, -1, torch.where(shift == 3, 1, 0))
+    ok = (d_start >= 0) & (d_end < length) & (d_end >= d_start) & (d_end - d_start < K)
+    kept[src[ok, 0], d_start[ok], (d_end - d_start)[ok]] = True
+    kept |= (torch.rand(valid.shape, generator=gen) < false_positives / K) & (
+        torch.arange(K).view(1, 1, -1) < 3)
+    kept &= valid
+    labels = torch.where(grid > 0, grid, torch.randint(1, C, grid.shape, generator=gen))
+    spans = torch.randn((batch, length, K, C), generator=gen)
+    spans[..., 0] += 6.0 * ~kept  # null wins by a wide margin off the kept spans...
+    spans.scatter_add_(-1, labels.unsqueeze(-1), 3.0 * kept.unsqueeze(-1).float())  # ...else a label
+    spans = masked_fill_neg(spans, valid.unsqueeze(-1))
     scheme = tag_scheme(C - 1, "BIO")
     tags = spans_to_tags(gold, lengths, length, scheme)
     emissions = torch.randn((batch, length, scheme.n_tags), generator=gen)

@@ -7,7 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spacy_fsemicrf.structured import filtered as filtered_module
 from spacy_fsemicrf.structured.filtered import (
+    _length_blocks,
     compact,
     filtered_log_partition,
     filtered_marginals,
@@ -217,9 +219,37 @@ def test_compaction_cuts_clusters_and_skips_single_nodes():
     mask[0, 10, 2] = mask[0, 11, 0] = True  # cluster 10..12
     mask[0, 20, 3] = mask[0, 22, 3] = True  # cluster 20..25
     comp = compact(mask, by_cluster=True)
-    assert comp.n_rows == 2 and comp.scan_length == 6 and comp.single_index.numel() == 1
+    assert comp.single_index.numel() == 1
+    # two-node clusters are enumerated, not scanned
+    assert comp.blocks == () and comp.small.grid_index.shape == (2, 2)
+    assert comp.small.maximal.sum(1).tolist() == [2, 2]  # each overlapping pair: either node
     whole = compact(mask, by_cluster=False)
-    assert whole.n_rows == 1 and whole.scan_length == 1 + 3 + 6
+    assert [(b.n_rows, b.scan_length) for b in whole.blocks] == [(1, 1 + 3 + 6)]
+
+
+def test_scanned_and_enumerated_clusters_agree(monkeypatch):
+    """Force every cluster through the scan and compare with the default split."""
+    lengths, mask, scores, labels, _ = random_nodes(5, 6, 30, 4, 4, 0.3)
+    default = (
+        filtered_log_partition(scores, mask),
+        filtered_viterbi(scores, mask)[0],
+        filtered_marginals(scores, mask),
+    )
+    assert compact(mask, True).small is not None and compact(mask, True).blocks
+    monkeypatch.setattr(filtered_module, "ENUMERATE_MAX_NODES", 1)
+    assert compact(mask, True).small is None
+    assert torch.allclose(default[0], filtered_log_partition(scores, mask))
+    assert torch.equal(default[1], filtered_viterbi(scores, mask)[0])
+    assert torch.allclose(default[2], filtered_marginals(scores, mask))
+
+
+def test_length_blocks_split_many_short_rows_from_a_long_one():
+    row_len = torch.tensor([2] * 2000 + [3] + [60])
+    blocks = _length_blocks(row_len, torch.ones_like(row_len, dtype=torch.bool))
+    assert blocks[0] != blocks[-1]  # 2000 rows * 58 padded steps cost more than 2 scan steps
+    assert blocks[2000] == blocks[-1]  # one row * 57 padded steps is cheaper than 3 steps
+    few = _length_blocks(torch.tensor([2, 3, 60]), torch.ones(3, dtype=torch.bool))
+    assert few[0] == few[1] == few[2]
 
 
 def test_inference_nodes_are_the_non_null_local_argmax():

@@ -21,6 +21,7 @@ All algorithms run the position scan of DESIGN.md §2 on a *compacted* copy of t
 
 The scan itself loops over positions only; everything else is batched tensor code.
 """
+import functools
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -40,9 +41,13 @@ def inference_nodes(
     ``local_scores`` is ``[B, L, K, C]``; returns ``(node_mask [B, L, K], node_labels [B, L, K])``.
     """
     B, L, K, _ = local_scores.shape
-    labels = local_scores.argmax(-1)
-    mask = (labels > 0) & span_mask(lengths, L, K)
-    return mask, labels * mask
+    # amax + a comparison is several times faster than argmax over the label axis on CPU;
+    # argmax then runs on the kept spans only. Ties go to null, as with argmax.
+    mask = (local_scores[..., 1:].amax(-1) > local_scores[..., 0]) & span_mask(lengths, L, K)
+    labels = torch.zeros((B, L, K), dtype=torch.long, device=local_scores.device)
+    kept = mask.nonzero(as_tuple=True)
+    labels = labels.index_put(kept, local_scores[kept][:, 1:].argmax(-1) + 1)
+    return mask, labels
 
 
 def training_nodes(
@@ -82,12 +87,11 @@ def start_bound(node_mask: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- compaction
 
 
-class Compaction(NamedTuple):
-    """Where each node of the ``[B, L, K]`` grid goes in the compact ``[N, Lc, K]`` scan grid.
+class ScanBlock(NamedTuple):
+    """Where some nodes of the ``[B, L, K]`` grid go in one compact ``[N, Lc, K]`` scan grid.
 
-    ``grid_index`` are the flat grid indices of the scanned nodes and ``scan_index`` their flat
-    indices in the scan grid; ``row_doc`` maps scan rows to documents. ``single_index`` are the
-    flat grid indices of one-node clusters, handled without a scan.
+    ``grid_index`` are the flat grid indices of the nodes and ``scan_index`` their flat indices
+    in the scan grid; ``row_doc`` maps the ``n_rows`` scan rows to documents.
     """
 
     grid_index: torch.Tensor
@@ -95,62 +99,180 @@ class Compaction(NamedTuple):
     row_doc: torch.Tensor
     n_rows: int
     scan_length: int
+
+
+class Compaction(NamedTuple):
+    """The scan blocks of a node set, and the nodes that need no scan.
+
+    Rows (clusters or documents) are grouped into blocks of similar length, a block per power
+    of two, so that the scan's work is proportional to the covered tokens and not to the number
+    of rows times the longest row. ``single_index`` are the flat grid indices of one-node
+    clusters.
+    """
+
+    blocks: Tuple[ScanBlock, ...]
     single_index: torch.Tensor
+    small: Optional["SmallClusters"]
 
 
 def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
-    """Drop uncovered tokens and cut the nodes into scan rows (clusters, or whole documents).
+    """Cut the nodes into scan rows (clusters, or whole documents with uncovered tokens
+    dropped), working on the list of nodes only.
 
-    Rows are right-aligned in the scan grid so that every row ends at the last position, where
-    the scan reads END.
+    Nodes come out of ``nonzero`` sorted by (doc, start); a node opens a new cluster iff it
+    starts after the furthest end of all earlier nodes of its document. A cluster covers a
+    contiguous run of tokens, so node positions relative to the cluster start are already
+    compact. Rows are right-aligned in their block's scan grid, so that every row ends at the
+    last position, where the scan reads END.
     """
     B, L, K = node_mask.shape
-    device = node_mask.device
     doc, start, width = node_mask.nonzero(as_tuple=True)
     end = start + width
-    covered = token_coverage(doc, start, end, B, L) > 0
-    new_pos = covered.long().cumsum(1) - 1
-    if by_cluster:
-        # t and t+1 share a node iff some node starts at or before t and ends after t.
-        linked = token_coverage(doc, start, end - 1, B, L) > 0
-        after_gap = torch.ones_like(covered)
-        after_gap[:, 1:] = ~linked[:, :-1]
-        row_start = covered & after_gap
-    else:
-        row_start = covered & (new_pos == 0)
-    row_id = row_start.reshape(-1).long().cumsum(0) - 1
-    n_rows_all = int(row_id[-1].item()) + 1 if row_id.numel() else 0
-    node_row = row_id[doc * L + start]
-    row_first = new_pos[row_start]
-    rel_start = new_pos[doc, start] - row_first[node_row]
-    row_len = torch.zeros(n_rows_all, dtype=torch.long, device=device)
-    row_len = row_len.scatter_reduce(0, node_row, rel_start + width + 1, "amax")
     flat = (doc * L + start) * K + width
+    if doc.numel() == 0:
+        return Compaction((), flat, None)
+    offset = doc * (L + 1)  # keeps documents apart in the running maximum
+    reach = (offset + end).cummax(0).values
+    opens = torch.ones_like(doc, dtype=torch.bool)
+    opens[1:] = offset[1:] + start[1:] > reach[:-1]
+    cluster = opens.long().cumsum(0) - 1
+    n_clusters = int(cluster[-1].item()) + 1
+    cl_start, cl_doc = start[opens], doc[opens]
+    cl_end = cl_start.scatter_reduce(0, cluster, end, "amax")
+    cl_len = cl_end - cl_start + 1
+    rel_start = start - cl_start[cluster]
+    single = torch.zeros_like(opens)
+    small = torch.zeros_like(opens)
+    small_clusters = None
     if by_cluster:
-        nodes_per_row = torch.bincount(node_row, minlength=n_rows_all)
-        single = nodes_per_row[node_row] == 1
+        node_row, row_len, row_doc = cluster, cl_len, cl_doc
+        row_nodes = torch.bincount(cluster, minlength=n_clusters)[cluster]
+        single = row_nodes == 1
+        small = (row_nodes > 1) & (row_nodes <= ENUMERATE_MAX_NODES)
+        if bool(small.any()):
+            small_clusters = _small_clusters(flat[small], cluster[small], start[small], end[small], cl_doc)
     else:
-        single = torch.zeros_like(node_row, dtype=torch.bool)
-    multi_rows = torch.ones(n_rows_all, dtype=torch.bool, device=device)
-    if by_cluster:
-        multi_rows = nodes_per_row > 1
-    row_new = multi_rows.long().cumsum(0) - 1
-    n_rows = int(multi_rows.sum().item())
-    keep = ~single
-    scan_length = int(row_len[multi_rows].max().item()) if n_rows else 0
-    kept_row = node_row[keep]
-    offset = scan_length - row_len[kept_row]
-    scan_index = (row_new[kept_row] * scan_length + rel_start[keep] + offset) * K + width[keep]
-    row_doc = doc.new_zeros(n_rows)
-    row_doc[row_new[kept_row]] = doc[keep]
-    return Compaction(flat[keep], scan_index, row_doc, n_rows, scan_length, flat[single])
+        # one row per document: a cluster starts after the covered tokens of the earlier
+        # clusters of its document
+        first_of_doc = torch.ones_like(cl_doc, dtype=torch.bool)
+        first_of_doc[1:] = cl_doc[1:] != cl_doc[:-1]
+        before = cl_len.cumsum(0) - cl_len
+        doc_base = torch.where(first_of_doc, before, -1).cummax(0).values
+        rel_start = rel_start + (before - doc_base)[cluster]
+        cl_row = first_of_doc.long().cumsum(0) - 1
+        node_row = cl_row[cluster]
+        row_doc = cl_doc[first_of_doc]
+        row_len = torch.zeros_like(row_doc).index_add(0, cl_row, cl_len)
+    scanned = ~single & ~small
+    n_rows = row_len.numel()
+    row_block = _length_blocks(row_len, torch.bincount(node_row[scanned], minlength=n_rows) > 0)
+    node_block = torch.where(scanned, row_block[node_row], -1)
+    blocks = []
+    for b in torch.unique(node_block).tolist():
+        if b < 0:
+            continue
+        in_block = node_block == b
+        rows = torch.unique(node_row[in_block])  # sorted
+        length = int(row_len[rows].max().item())
+        new_row = torch.searchsorted(rows, node_row[in_block])
+        pad = length - row_len[node_row[in_block]]
+        scan_index = (new_row * length + rel_start[in_block] + pad) * K + width[in_block]
+        blocks.append(ScanBlock(flat[in_block], scan_index, row_doc[rows], rows.numel(), length))
+    return Compaction(tuple(blocks), flat[single], small_clusters)
 
 
-def _to_scan_grid(values: torch.Tensor, comp: Compaction, K: int, fill: float) -> torch.Tensor:
-    """Gather ``values`` (flattened ``[B, L, K]``) into the ``[N, Lc, K]`` scan grid."""
-    out = values.new_full((comp.n_rows * comp.scan_length * K,), fill)
-    out = out.index_put((comp.scan_index,), values.reshape(-1)[comp.grid_index])
-    return out.view(comp.n_rows, comp.scan_length, K)
+# Clusters of at most this many nodes are solved by enumerating their 2^n node subsets, all
+# clusters at once, instead of by the scan: a fixed number of batched ops instead of one
+# Python step per position. Trained models produce mostly such clusters.
+ENUMERATE_MAX_NODES = 8
+
+
+@functools.lru_cache(maxsize=None)
+def _subset_tables(n: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``subsets [2^n, n]``: the bits of every subset of n slots; ``pairs_in [2^n, n(n-1)/2]``:
+    whether the subset holds both slots of each pair ``a < b`` (as floats, for a matmul)."""
+    subsets = (torch.arange(2**n, device=device).unsqueeze(1) >> torch.arange(n, device=device)) & 1 == 1
+    a, b = torch.triu_indices(n, n, 1, device=device)
+    return subsets, (subsets[:, a] & subsets[:, b]).float()
+
+
+class SmallClusters(NamedTuple):
+    """Clusters of 2..ENUMERATE_MAX_NODES nodes as ``[R, n]`` slots, with their maximal sets.
+
+    ``grid_index[r, a]`` is the flat grid index of slot ``a`` of cluster ``r`` (0 for an empty
+    slot, see ``present``); ``subsets[s, a]`` says whether subset ``s`` holds slot ``a``;
+    ``maximal[r, s]`` whether subset ``s`` is a maximal non-overlapping set of cluster ``r``.
+    """
+
+    grid_index: torch.Tensor
+    present: torch.Tensor
+    row_doc: torch.Tensor
+    subsets: torch.Tensor
+    maximal: torch.Tensor
+
+
+def _small_clusters(flat, node_row, start, end, row_doc) -> SmallClusters:
+    device = flat.device
+    rows, node_cluster = torch.unique(node_row, return_inverse=True)  # nodes stay in row order
+    counts = torch.bincount(node_cluster)
+    first = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(flat.numel(), device=device) - first[node_cluster]
+    R, n = rows.numel(), int(counts.max())
+    grid_index = flat.new_zeros((R, n)).index_put((node_cluster, slot), flat)
+    present = torch.zeros((R, n), dtype=torch.bool, device=device)
+    present[node_cluster, slot] = True
+    starts = start.new_zeros((R, n)).index_put((node_cluster, slot), start)
+    ends = end.new_full((R, n), -1).index_put((node_cluster, slot), end)
+    overlap = (starts.unsqueeze(2) <= ends.unsqueeze(1)) & (starts.unsqueeze(1) <= ends.unsqueeze(2))
+    overlap &= present.unsqueeze(1) & present.unsqueeze(2)
+    overlap &= ~torch.eye(n, dtype=torch.bool, device=device)
+    subsets, pairs_in = _subset_tables(n, device)
+    a, b = torch.triu_indices(n, n, 1, device=device)
+    # subset s holds two overlapping nodes of cluster r
+    conflict = (overlap[:, a, b].float() @ pairs_in.T) > 0
+    # slot a of cluster r is a node that neither is in subset s nor overlaps one of its nodes
+    blocked = (overlap.float().view(R * n, n) @ subsets.float().T).view(R, n, -1) > 0
+    free = present.unsqueeze(-1) & ~subsets.T.unsqueeze(0) & ~blocked
+    absent = (subsets.float() @ (~present).float().T).T > 0  # uses an empty slot
+    maximal = ~conflict & ~absent & ~free.any(1)
+    return SmallClusters(grid_index, present, row_doc[rows], subsets, maximal)
+
+
+# A scan step costs about as much as this many rows of work inside a step (dispatch overhead
+# against arithmetic, measured on CPU); it decides when two length blocks are cheaper merged.
+STEP_COST_IN_ROWS = 256
+
+
+def _length_blocks(row_len: torch.Tensor, scanned: torch.Tensor) -> torch.Tensor:
+    """Block id of each row: rows of length in (2^(b-1), 2^b] start in block b; a shorter block
+    is then merged into the next longer one while that saves more padded row-steps than the
+    scan steps it adds."""
+    block = torch.ceil(torch.log2(row_len.clamp_min(1).double())).long()
+    ids = torch.unique(block[scanned]).tolist()
+    if len(ids) < 2:
+        return block
+    counts = {b: int(((block == b) & scanned).sum()) for b in ids}
+    longest = {b: int(row_len[(block == b) & scanned].max()) for b in ids}
+    merged_into = {ids[-1]: ids[-1]}
+    for small, larger in zip(ids[-2::-1], ids[:0:-1]):  # from the longest pair down
+        target = merged_into[larger]
+        extra_row_steps = counts[small] * (longest[target] - longest[small])
+        if extra_row_steps < STEP_COST_IN_ROWS * longest[small]:
+            merged_into[small] = target
+            counts[target] += counts[small]
+        else:
+            merged_into[small] = small
+    lookup = block.clone()
+    for small, target in merged_into.items():
+        lookup[block == small] = target
+    return lookup
+
+
+def _to_scan_grid(values: torch.Tensor, block: ScanBlock, K: int, fill: float) -> torch.Tensor:
+    """Gather ``values`` (flattened ``[B, L, K]``) into the block's ``[N, Lc, K]`` scan grid."""
+    out = values.new_full((block.n_rows * block.scan_length * K,), fill)
+    out = out.index_put((block.scan_index,), values.reshape(-1)[block.grid_index])
+    return out.view(block.n_rows, block.scan_length, K)
 
 
 # ----------------------------------------------------------------------------- the scan
@@ -319,16 +441,26 @@ def _doc_totals(
     if viterbi:
         chosen = torch.zeros(B * L * K, dtype=torch.bool, device=node_mask.device)
         chosen[comp.single_index] = True
-    if comp.n_rows:
-        labels = node_labels if node_labels is not None else torch.zeros_like(node_mask, dtype=torch.long)
-        scan_scores = _to_scan_grid(node_scores, comp, K, NEG)
-        scan_mask = _to_scan_grid(node_mask, comp, K, False)
-        scan_labels = _to_scan_grid(labels * node_mask, comp, K, 0)
-        result = _scan(scan_scores, scan_mask, scan_labels, transitions, viterbi)
-        totals = totals.index_add(0, comp.row_doc, result.total)
+    if comp.small is not None:
+        small = comp.small
+        slot_scores = flat_scores[small.grid_index] * small.present
+        subset_scores = masked_fill_neg(slot_scores @ small.subsets.to(slot_scores.dtype).T, small.maximal)
         if viterbi:
-            picked = result.best_nodes.reshape(-1)[comp.scan_index]
-            chosen[comp.grid_index[picked]] = True
+            best = small.subsets[subset_scores.argmax(1)] & small.present
+            totals = totals.index_add(0, small.row_doc, subset_scores.max(1).values)
+            chosen[small.grid_index[best]] = True
+        else:
+            totals = totals.index_add(0, small.row_doc, torch.logsumexp(subset_scores, 1))
+    labels = node_labels if node_labels is not None else torch.zeros_like(node_mask, dtype=torch.long)
+    for block in comp.blocks:
+        scan_scores = _to_scan_grid(node_scores, block, K, NEG)
+        scan_mask = _to_scan_grid(node_mask, block, K, False)
+        scan_labels = _to_scan_grid(labels * node_mask, block, K, 0)
+        result = _scan(scan_scores, scan_mask, scan_labels, transitions, viterbi)
+        totals = totals.index_add(0, block.row_doc, result.total)
+        if viterbi:
+            picked = result.best_nodes.reshape(-1)[block.scan_index]
+            chosen[block.grid_index[picked]] = True
     return totals, (chosen.view(B, L, K) if viterbi else None)
 
 

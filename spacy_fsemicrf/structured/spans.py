@@ -88,8 +88,9 @@ def window_view(x: torch.Tensor, max_width: int) -> torch.Tensor:
 
     A strided view of the zero-padded input: no copy, whatever K is.
     """
-    padded = torch.nn.functional.pad(x, (0, 0, 0, max_width - 1))
-    return padded.unfold(1, max_width, 1).transpose(-1, -2)
+    # One pad position more than needed, so that an empty document still has a window.
+    padded = torch.nn.functional.pad(x, (0, 0, 0, max_width))
+    return padded.unfold(1, max_width, 1)[:, : x.shape[1]].transpose(-1, -2)
 
 
 class SpanFeaturizer(nn.Module):
