@@ -11,6 +11,7 @@ from spacy_fsemicrf.structured import filtered as filtered_module
 from spacy_fsemicrf.structured.filtered import (
     _length_blocks,
     compact,
+    filtered_decode,
     filtered_log_partition,
     filtered_marginals,
     filtered_viterbi,
@@ -79,6 +80,9 @@ def test_log_z_viterbi_marginals_match_brute_force(problem):
     log_z = filtered_log_partition(scores, mask, labels, T)
     chosen, best = filtered_viterbi(scores, mask, labels, T)
     marginals = filtered_marginals(scores, mask, labels, T)
+    decoded, decoded_marginals = filtered_decode(scores, mask, labels, T)
+    assert torch.equal(decoded, chosen)
+    assert torch.allclose(decoded_marginals, marginals, atol=1e-10)
     for b in range(B):
         paths = enumerate_paths(scores, mask, labels, T, b)
         values = torch.tensor([v for _, v in paths], dtype=DTYPE)
@@ -234,6 +238,7 @@ def test_scanned_and_enumerated_clusters_agree(monkeypatch):
         filtered_log_partition(scores, mask),
         filtered_viterbi(scores, mask)[0],
         filtered_marginals(scores, mask),
+        filtered_decode(scores, mask)[1],
     )
     assert compact(mask, True).small is not None and compact(mask, True).blocks
     monkeypatch.setattr(filtered_module, "ENUMERATE_MAX_NODES", 1)
@@ -241,6 +246,8 @@ def test_scanned_and_enumerated_clusters_agree(monkeypatch):
     assert torch.allclose(default[0], filtered_log_partition(scores, mask))
     assert torch.equal(default[1], filtered_viterbi(scores, mask)[0])
     assert torch.allclose(default[2], filtered_marginals(scores, mask))
+    assert torch.allclose(default[3], filtered_decode(scores, mask)[1])
+    assert torch.allclose(default[2], default[3])
 
 
 def test_length_blocks_split_many_short_rows_from_a_long_one():

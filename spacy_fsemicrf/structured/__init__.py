@@ -7,6 +7,7 @@
 * :mod:`.heads` — the three as ``nn.Module`` heads with one interface.
 """
 from .filtered import (
+    filtered_decode,
     filtered_log_partition,
     filtered_marginals,
     filtered_viterbi,
@@ -25,6 +26,7 @@ __all__ = [
     "NEG",
     "SemiCRFHead",
     "SpanFeaturizer",
+    "filtered_decode",
     "filtered_log_partition",
     "filtered_marginals",
     "filtered_viterbi",

@@ -424,33 +424,53 @@ def _backtrack(end, label, back_end, back_label, best_start, labels, shape) -> t
 # ----------------------------------------------------------------------------- public API
 
 
-def _doc_totals(
+class _Solution(NamedTuple):
+    total: torch.Tensor  # [B]: log Z, or the best path's score
+    chosen: Optional[torch.Tensor]  # [B, L, K] bool: the best path
+    marginals: Optional[torch.Tensor]  # [B, L, K]: node marginals
+
+
+def _solve(
     node_scores: torch.Tensor,
     node_mask: torch.Tensor,
     node_labels: Optional[torch.Tensor],
     transitions: Optional[torch.Tensor],
-    viterbi: bool,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    mode: str,
+) -> _Solution:
+    """Solve every document: ``mode`` is "log_z", "viterbi" or "decode" (Viterbi + marginals).
+
+    One-node clusters are on every path; small clusters are solved by enumeration (their
+    marginals are the softmax over their maximal sets); the rest are scanned, their marginals
+    taken by autograd through the log-space scan.
+    """
     B, L, K = node_mask.shape
+    viterbi = mode != "log_z"
     comp = compact(node_mask, by_cluster=transitions is None)
     flat_scores = node_scores.reshape(-1)
-    totals = node_scores.new_zeros(B)
-    single_doc = comp.single_index // (L * K)
-    totals = totals.index_add(0, single_doc, flat_scores[comp.single_index])
-    chosen = None
+    totals = node_scores.new_zeros(B).index_add(
+        0, comp.single_index // (L * K), flat_scores[comp.single_index]
+    )
+    chosen = marginals = None
     if viterbi:
         chosen = torch.zeros(B * L * K, dtype=torch.bool, device=node_mask.device)
         chosen[comp.single_index] = True
+    if mode == "decode":
+        marginals = node_scores.new_zeros(B * L * K)
+        marginals[comp.single_index] = 1.0
     if comp.small is not None:
         small = comp.small
+        subsets = small.subsets.to(node_scores.dtype)
         slot_scores = flat_scores[small.grid_index] * small.present
-        subset_scores = masked_fill_neg(slot_scores @ small.subsets.to(slot_scores.dtype).T, small.maximal)
+        subset_scores = masked_fill_neg(slot_scores @ subsets.T, small.maximal)
         if viterbi:
-            best = small.subsets[subset_scores.argmax(1)] & small.present
-            totals = totals.index_add(0, small.row_doc, subset_scores.max(1).values)
-            chosen[small.grid_index[best]] = True
+            best_score, best = subset_scores.max(1)
+            totals = totals.index_add(0, small.row_doc, best_score)
+            chosen[small.grid_index[small.subsets[best] & small.present]] = True
         else:
             totals = totals.index_add(0, small.row_doc, torch.logsumexp(subset_scores, 1))
+        if mode == "decode":
+            slot_marginals = torch.softmax(subset_scores, 1) @ subsets
+            marginals[small.grid_index[small.present]] = slot_marginals[small.present]
     labels = node_labels if node_labels is not None else torch.zeros_like(node_mask, dtype=torch.long)
     for block in comp.blocks:
         scan_scores = _to_scan_grid(node_scores, block, K, NEG)
@@ -461,7 +481,17 @@ def _doc_totals(
         if viterbi:
             picked = result.best_nodes.reshape(-1)[block.scan_index]
             chosen[block.grid_index[picked]] = True
-    return totals, (chosen.view(B, L, K) if viterbi else None)
+        if mode == "decode":
+            with torch.enable_grad():
+                leaf = scan_scores.detach().requires_grad_(True)
+                log_z = _scan(leaf, scan_mask, scan_labels, transitions, False).total
+                (grad,) = torch.autograd.grad(log_z.sum(), leaf)
+            marginals[block.grid_index] = grad.reshape(-1)[block.scan_index]
+    return _Solution(
+        totals,
+        None if chosen is None else chosen.view(B, L, K),
+        None if marginals is None else marginals.view(B, L, K),
+    )
 
 
 def filtered_log_partition(
@@ -472,7 +502,7 @@ def filtered_log_partition(
 ) -> torch.Tensor:
     """``log Z`` per document, ``[B]``: logsumexp of the scores of all maximal paths."""
     node_scores = masked_fill_neg(node_scores, node_mask)
-    return _doc_totals(node_scores, node_mask, node_labels, transitions, viterbi=False)[0]
+    return _solve(node_scores, node_mask, node_labels, transitions, "log_z").total
 
 
 def filtered_viterbi(
@@ -484,8 +514,22 @@ def filtered_viterbi(
     """The best path: ``(chosen BoolTensor[B, L, K], best score [B])``."""
     with torch.no_grad():
         node_scores = masked_fill_neg(node_scores, node_mask)
-        totals, chosen = _doc_totals(node_scores, node_mask, node_labels, transitions, True)
-    return chosen, totals
+        solution = _solve(node_scores, node_mask, node_labels, transitions, "viterbi")
+    return solution.chosen, solution.total
+
+
+def filtered_decode(
+    node_scores: torch.Tensor,
+    node_mask: torch.Tensor,
+    node_labels: Optional[torch.Tensor] = None,
+    transitions: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The best path and every node's marginal, ``(chosen [B, L, K], marginals [B, L, K])``,
+    sharing one compaction (what a pipeline needs at prediction time)."""
+    with torch.no_grad():
+        node_scores = masked_fill_neg(node_scores, node_mask)
+        solution = _solve(node_scores, node_mask, node_labels, transitions, "decode")
+    return solution.chosen, solution.marginals
 
 
 def filtered_marginals(

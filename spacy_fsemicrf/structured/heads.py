@@ -156,11 +156,10 @@ class FilteredSemiCRFHead(nn.Module):
     def decode(self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor) -> Decoded:
         mask, labels, scores = self.nodes(local, glob, lengths)
         T = None if self.transitions is None else self.transitions.detach().float()
-        chosen, _ = filtered.filtered_viterbi(scores, mask, labels, T)
+        chosen, marginals = filtered.filtered_decode(scores, mask, labels, T)
         doc, start, width = chosen.nonzero(as_tuple=True)
         if doc.numel() == 0:
             return _empty_decoded(local.device)
-        marginals = filtered.filtered_marginals(scores, mask, labels, T)
         spans = torch.stack([doc, start, start + width, labels[doc, start, width]], dim=1)
         return spans, marginals[doc, start, width].clamp(0.0, 1.0)
 
