@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .semiring import NEG, logsumexp, masked_fill_neg
+from .semiring import NEG, lse, logaddexp, masked_fill_neg
 from .spans import overlap_mask, span_mask, token_coverage
 
 
@@ -324,8 +324,8 @@ def _scan(
     for w in range(K):
         ends_onehot[:, w : w + Lc] |= onehot[:, :, w]
     start_in = t_in[-1]  # START -> label (row C)
-    reduce = (lambda x, d: x.max(d).values) if viterbi else (lambda x, d: torch.logsumexp(x, d))
-    plus = torch.maximum if viterbi else torch.logaddexp
+    reduce = (lambda x, d: x.max(d).values) if viterbi else lse
+    plus = torch.maximum if viterbi else logaddexp
     neg = scores.new_full((), NEG)
 
     # unbind once: indexing scores[:, s] in the loop would give every step a full-size gradient
@@ -351,7 +351,7 @@ def _scan(
                 back_end.append(torch.where(take, arg + first, -1))
                 incoming = torch.maximum(incoming, best)
             else:
-                incoming = torch.logaddexp(incoming, torch.logsumexp(hist, 1))
+                incoming = logaddexp(incoming, lse(hist, 1))
         elif viterbi:
             back_end.append(torch.full((N, n_in), -1, dtype=torch.long, device=device))
         alpha = score_steps[s] + incoming.gather(1, labels[:, s])  # [N, K]
@@ -383,7 +383,7 @@ def _scan(
     hist = masked_fill_neg(hist, (ends.view(1, -1) >= lo.view(-1, 1)).unsqueeze(-1))
     flat = hist.reshape(N, -1)
     if not viterbi:
-        return _ScanResult(torch.logsumexp(flat, 1), None)
+        return _ScanResult(lse(flat, 1), None)
     total, arg = flat.max(1)
     return _ScanResult(
         total,
@@ -467,7 +467,7 @@ def _solve(
             totals = totals.index_add(0, small.row_doc, best_score)
             chosen[small.grid_index[small.subsets[best] & small.present]] = True
         else:
-            totals = totals.index_add(0, small.row_doc, torch.logsumexp(subset_scores, 1))
+            totals = totals.index_add(0, small.row_doc, lse(subset_scores, 1))
         if mode == "decode":
             slot_marginals = torch.softmax(subset_scores, 1) @ subsets
             marginals[small.grid_index[small.present]] = slot_marginals[small.present]

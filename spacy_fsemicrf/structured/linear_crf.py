@@ -1,0 +1,387 @@
+"""Linear-chain CRF over BIO / BILUO token tags (the token-level baseline of the paper).
+
+Tags: ``O`` is 0; for entity label ``l`` in ``1..M`` the BIO tags are ``B-l = 2l - 1``,
+``I-l = 2l`` and the BILUO tags are ``B-l, I-l, L-l, U-l = 4l - 3 .. 4l``. Transitions are one
+``[n_tags + 1, n_tags + 1]`` matrix ``T`` (row ``n_tags`` = START, column ``n_tags`` = END);
+a sequence ``y`` of a document of ``n > 0`` tokens scores
+``T[START, y_0] + sum_t emissions[t, y_t] + sum_t T[y_t-1, y_t] + T[y_n-1, END]``, the empty
+document 0. ``allowed`` (from :class:`TagScheme`) masks invalid transitions with NEG, so the
+invalid sequences get probability 0 (they still exist, with a score near NEG).
+
+Forward, backward and Viterbi loop over positions, batched over documents; a document shorter
+than the batch carries its state unchanged through the padding.
+"""
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from .semiring import logsumexp, lse, masked_fill_neg
+
+__all__ = [
+    "TagScheme",
+    "tag_scheme",
+    "spans_to_tags",
+    "tags_to_spans",
+    "crf_log_partition",
+    "crf_score",
+    "crf_viterbi",
+    "crf_marginals",
+    "crf_best_sequence_prob",
+    "crf_span_marginals",
+]
+
+SCHEMES = ("BIO", "BILUO")
+_KINDS = {"BIO": "BI", "BILUO": "BILU"}
+
+
+@dataclass(eq=False)
+class TagScheme:
+    """A BIO or BILUO tag set for ``n_labels`` entity types.
+
+    ``names[k]`` is tag ``k``'s name (``"O"``, ``"B-1"``, ``"I-1"``, ...; the number is the
+    entity label id), ``labels[k]`` its entity label (0 for ``O``), ``kinds[k]`` its letter, and
+    ``allowed[prev, next]`` (``[n_tags + 1, n_tags + 1]``, row ``n_tags`` = START, column
+    ``n_tags`` = END) whether the transition is valid.
+    """
+
+    scheme: str
+    n_labels: int
+    n_tags: int
+    names: Tuple[str, ...]
+    kinds: Tuple[str, ...]
+    labels: torch.Tensor
+    allowed: torch.Tensor
+
+    def tag(self, kind: str, label):
+        """Id of tag ``kind-label`` (``kind`` one of the scheme's letters); ``label`` may be an
+        int or a LongTensor of label ids."""
+        letters = _KINDS[self.scheme]
+        if kind not in letters:
+            raise ValueError(f"{self.scheme} has no {kind!r} tags")
+        return (label - 1) * len(letters) + 1 + letters.index(kind)
+
+
+def tag_scheme(n_labels: int, scheme: str = "BIO") -> TagScheme:
+    """Build the :class:`TagScheme` for ``n_labels`` entity types (``scheme`` "BIO"/"BILUO")."""
+    name = scheme.upper()
+    if name not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    if n_labels < 0:
+        raise ValueError(f"n_labels must be >= 0, got {n_labels}")
+    letters = _KINDS[name]
+    names = ["O"] + [f"{k}-{l}" for l in range(1, n_labels + 1) for k in letters]
+    kinds = tuple(n[0] for n in names)
+    labels = torch.tensor([0] + [l for l in range(1, n_labels + 1) for _ in letters])
+    n = len(names)
+    allowed = torch.zeros((n + 1, n + 1), dtype=torch.bool)
+    START = END = n
+    for p in range(n + 1):
+        p_kind = "S" if p == START else kinds[p]
+        for q in range(n + 1):
+            q_kind = "E" if q == END else kinds[q]
+            same = p != START and q != END and int(labels[p]) == int(labels[q])
+            if name == "BIO":
+                # I-x only continues B-x or I-x; everything else is free.
+                ok = q_kind != "I" or (p_kind in "BI" and same)
+            else:
+                if p_kind in "BI":  # inside an entity: continue it or close it
+                    ok = q_kind in "IL" and same
+                else:  # O, L, U, START: outside; open a new entity or stay outside
+                    ok = q_kind in "OBUE"
+            allowed[p, q] = ok
+    return TagScheme(name, n_labels, n, tuple(names), kinds, labels, allowed)
+
+
+def spans_to_tags(
+    gold: torch.Tensor, lengths: torch.Tensor, length: int, scheme: TagScheme
+) -> torch.Tensor:
+    """Tag every token: ``LongTensor[B, L]`` (padding and non-entity tokens are ``O`` = 0).
+
+    ``gold`` rows are ``(doc, start, end_inclusive, label)``, non-overlapping within a doc, of
+    any width.
+    """
+    device = lengths.device
+    B = lengths.shape[0]
+    gold = gold.to(device).long().view(-1, 4)
+    doc, start, end, label = gold.unbind(1)
+    # Label of every token by a difference array (valid since spans do not overlap).
+    diff = torch.zeros((B, length + 1), dtype=torch.long, device=device)
+    diff.index_put_((doc, start), label, accumulate=True)
+    diff.index_put_((doc, end + 1), -label, accumulate=True)
+    tok_label = diff.cumsum(1)[:, :length]
+    is_start = torch.zeros((B, length), dtype=torch.bool, device=device)
+    is_end = torch.zeros((B, length), dtype=torch.bool, device=device)
+    is_start[doc, start] = True
+    is_end[doc, end] = True
+    if scheme.scheme == "BIO":
+        tags = torch.where(is_start, scheme.tag("B", tok_label), scheme.tag("I", tok_label))
+    else:
+        tags = torch.where(
+            is_start,
+            torch.where(is_end, scheme.tag("U", tok_label), scheme.tag("B", tok_label)),
+            torch.where(is_end, scheme.tag("L", tok_label), scheme.tag("I", tok_label)),
+        )
+    in_doc = torch.arange(length, device=device).view(1, -1) < lengths.view(-1, 1)
+    return torch.where((tok_label > 0) & in_doc, tags, torch.zeros_like(tags))
+
+
+def tags_to_spans(tags: torch.Tensor, lengths: torch.Tensor, scheme: TagScheme) -> torch.Tensor:
+    """Entities of tag sequences: ``LongTensor[N, 4]`` rows ``(doc, start, end, label)``
+    sorted by ``(doc, start)``.
+
+    Exact for valid sequences. Invalid ones are read leniently (an ``I``/``L`` that does not
+    continue an entity opens one, a ``B``/``I`` that is not continued closes one), so every
+    input gives non-overlapping spans.
+    """
+    device = tags.device
+    B, L = tags.shape
+    lengths = lengths.to(device).long()
+    labels = scheme.labels.to(device)[tags]
+    kind_ids = {k: i for i, k in enumerate("OBILU")}
+    kinds = torch.tensor([kind_ids[k] for k in scheme.kinds], device=device)[tags]
+    in_doc = torch.arange(L, device=device).view(1, -1) < lengths.view(-1, 1)
+    entity = in_doc & (labels > 0)
+    # cont[t]: the tag at t + 1 continues the entity at t.
+    same = entity[:, 1:] & (labels[:, 1:] == labels[:, :-1]) & entity[:, :-1]
+    nxt, cur = kinds[:, 1:], kinds[:, :-1]
+    if scheme.scheme == "BIO":
+        cont = same & (nxt == kind_ids["I"])
+    else:
+        inside = (cur == kind_ids["B"]) | (cur == kind_ids["I"])
+        cont = same & inside & ((nxt == kind_ids["I"]) | (nxt == kind_ids["L"]))
+    no = torch.zeros((B, 1), dtype=torch.bool, device=device)
+    begin = entity & ~torch.cat([no, cont], 1)
+    finish = entity & ~torch.cat([cont, no], 1)
+    # Each maximal chain has one begin and one finish, chains are disjoint: pair in order.
+    doc, start = begin.nonzero(as_tuple=True)
+    _, end = finish.nonzero(as_tuple=True)
+    return torch.stack([doc, start, end, labels[doc, start]], 1)
+
+
+def _masked_transitions(transitions: torch.Tensor, allowed: Optional[torch.Tensor]) -> torch.Tensor:
+    if allowed is None:
+        return transitions
+    return masked_fill_neg(transitions, allowed.to(transitions.device))
+
+
+def _forward(
+    emissions: torch.Tensor, T: torch.Tensor, lengths: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Forward log-alphas ``[B, L, n]`` (prefix ``0..t`` ending in tag ``y``, emission at ``t``
+    included) and ``log Z [B]``."""
+    B, L, n = emissions.shape
+    if L == 0:  # every document is empty; stay connected to the inputs for autograd
+        return emissions.new_zeros((B, 0, n)), emissions.sum((1, 2)) * 0 + T.sum() * 0
+    trans_t = T[:n, :n].t().contiguous()  # [next, prev]: reduce over the contiguous dim
+    alpha = T[n, :n] + emissions[:, 0]
+    alphas = [alpha]
+    for t in range(1, L):
+        new = lse(alpha.unsqueeze(1) + trans_t, -1) + emissions[:, t]
+        alpha = torch.where((t < lengths).view(-1, 1), new, alpha)
+        alphas.append(alpha)
+    log_z = lse(alpha + T[:n, n], -1)
+    return torch.stack(alphas, 1), torch.where(lengths > 0, log_z, log_z.new_zeros(()))
+
+
+def _backward(emissions: torch.Tensor, T: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Backward log-betas ``[B, L, n]``: suffix ``t+1..`` given tag ``y`` at ``t``, END
+    included, emission at ``t`` excluded. Padding positions hold ``T[:, END]``."""
+    B, L, n = emissions.shape
+    trans = T[:n, :n]
+    to_end = T[:n, n].expand(B, n)
+    beta = to_end
+    betas = [beta]
+    for t in range(L - 2, -1, -1):
+        new = lse(trans + (emissions[:, t + 1] + beta).unsqueeze(1), -1)
+        beta = torch.where((t + 1 < lengths).view(-1, 1), new, to_end)
+        betas.append(beta)
+    return torch.stack(betas[::-1], 1) if L else emissions.new_zeros((B, 0, n))
+
+
+def crf_log_partition(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``log Z`` per document, ``Tensor[B]`` (0 for empty documents).
+
+    ``emissions`` is ``[B, L, n_tags]``, ``transitions`` ``[n_tags + 1, n_tags + 1]``;
+    transitions where ``allowed`` is False are masked with NEG.
+    """
+    lengths = lengths.to(emissions.device).long()
+    T = _masked_transitions(transitions.to(emissions.dtype), allowed)
+    return _forward(emissions, T, lengths)[1]
+
+
+def crf_score(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    tags: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Score of the tag sequences ``tags [B, L]`` (padding ignored), ``Tensor[B]``."""
+    B, L, n = emissions.shape
+    device = emissions.device
+    lengths = lengths.to(device).long()
+    tags = tags.to(device).long()
+    T = _masked_transitions(transitions.to(emissions.dtype), allowed)
+    if L == 0:
+        return emissions.new_zeros(B)
+    in_doc = torch.arange(L, device=device).view(1, -1) < lengths.view(-1, 1)
+    zero = emissions.new_zeros(())
+    emit = torch.where(in_doc, emissions.gather(2, tags.unsqueeze(-1)).squeeze(-1), zero)
+    prev = torch.cat([tags.new_full((B, 1), n), tags[:, :-1]], 1)
+    trans = torch.where(in_doc, T[prev, tags], zero)
+    last = tags.gather(1, (lengths - 1).clamp_min(0).view(-1, 1)).squeeze(1)
+    to_end = torch.where(lengths > 0, T[last, n], zero)
+    return emit.sum(1) + trans.sum(1) + to_end
+
+
+def crf_viterbi(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Best tag sequence per document: ``(tags LongTensor[B, L] padded with 0, best [B])``."""
+    with torch.no_grad():
+        B, L, n = emissions.shape
+        device = emissions.device
+        lengths = lengths.to(device).long()
+        T = _masked_transitions(transitions.to(emissions.dtype), allowed)
+        if L == 0:
+            return torch.zeros((B, 0), dtype=torch.long, device=device), emissions.new_zeros(B)
+        trans_t = T[:n, :n].t().contiguous()  # [next, prev]
+        score = T[n, :n] + emissions[:, 0]
+        identity = torch.arange(n, device=device).expand(B, n)
+        back = []
+        for t in range(1, L):
+            best, arg = (score.unsqueeze(1) + trans_t).max(dim=-1)
+            live = (t < lengths).view(-1, 1)
+            # Padding steps copy the state and point back to the same tag, so every document
+            # can be backtracked from position L - 1.
+            score = torch.where(live, best + emissions[:, t], score)
+            back.append(torch.where(live, arg, identity))
+        best, tag = (score + T[:n, n]).max(dim=-1)
+        path = [tag]
+        for arg in reversed(back):
+            tag = arg.gather(1, tag.view(-1, 1)).squeeze(1)
+            path.append(tag)
+        tags = torch.stack(path[::-1], 1)
+        in_doc = torch.arange(L, device=device).view(1, -1) < lengths.view(-1, 1)
+        tags = torch.where(in_doc, tags, torch.zeros_like(tags))
+        return tags, torch.where(lengths > 0, best, best.new_zeros(()))
+
+
+def crf_marginals(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``Tensor[B, L, n_tags]``: probability of each tag at each token (0 on padding).
+
+    Forward-backward: ``exp(alpha[t, y] + beta[t, y] - log Z)`` (equal to the gradient of
+    ``log Z`` with respect to the emissions). Not differentiated; safe under ``no_grad``.
+    """
+    with torch.no_grad():
+        B, L, n = emissions.shape
+        lengths = lengths.to(emissions.device).long()
+        T = _masked_transitions(transitions.to(emissions.dtype), allowed)
+        alphas, log_z = _forward(emissions, T, lengths)
+        betas = _backward(emissions, T, lengths)
+        probs = (alphas + betas - log_z.view(-1, 1, 1)).exp()
+        in_doc = torch.arange(L, device=emissions.device).view(1, -1) < lengths.view(-1, 1)
+        return torch.where(in_doc.unsqueeze(-1), probs, probs.new_zeros(()))
+
+
+def crf_best_sequence_prob(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Probability of each document's Viterbi sequence, ``exp(best - log Z)``, ``Tensor[B]``."""
+    with torch.no_grad():
+        _, best = crf_viterbi(emissions, transitions, lengths, allowed)
+        log_z = crf_log_partition(emissions, transitions, lengths, allowed)
+        return (best - log_z).exp().clamp_max(1.0)
+
+
+def crf_span_marginals(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    spans: torch.Tensor,
+    scheme: TagScheme,
+    allowed: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Exact probability that each labelled span ``(doc, start, end, label)`` is an entity of
+    the tag sequence, ``Tensor[N]``.
+
+    BIO: ``y_start = B-l``, ``y_start+1..end = I-l`` and ``y_end+1 != I-l`` (or ``end`` is the
+    last token). BILUO: ``U-l`` for one token, else ``B-l, I-l, ..., I-l, L-l``.
+    ``alpha[start] + (the span's own tags) + beta[end]``, with the run of ``I-l`` tags read
+    from a prefix sum, so the cost is ``O(N * n_tags)`` after one forward-backward pass.
+    """
+    device = emissions.device
+    B, L, n = emissions.shape
+    spans = spans.to(device).long().view(-1, 4)
+    if spans.shape[0] == 0:
+        return emissions.new_zeros(0)
+    with torch.no_grad():
+        lengths = lengths.to(device).long()
+        # float64 throughout: in float32, alpha + beta - log Z of a long document (|log Z| in
+        # the thousands) and the prefix-sum differences of a long I run lose ~1e-3 in log space.
+        em = emissions.double()
+        T = _masked_transitions(transitions.to(em.dtype), allowed)
+        alphas, log_z = _forward(em, T, lengths)
+        betas = _backward(em, T, lengths)
+        doc, s, e, lab = spans.unbind(1)
+        M = scheme.n_labels
+        i_tags = scheme.tag("I", torch.arange(1, M + 1, device=device))
+        g = T[i_tags, i_tags] + em[:, :, i_tags]  # one I-l -> I-l step at each position
+        G = torch.nn.functional.pad(g.cumsum(1), (0, 0, 1, 0))  # G[:, k] = sum_{u < k}
+
+        def i_run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            """Sum of the I-l steps at positions a..b (0 when b < a)."""
+            b1 = (b + 1).clamp(0, L)
+            return G[doc, b1, lab - 1] - G[doc, a.clamp(0, L).minimum(b1), lab - 1]
+
+        def em_at(pos: torch.Tensor, tag: torch.Tensor) -> torch.Tensor:
+            return em[doc, pos.clamp(0, L - 1), tag]
+
+        tag_b, tag_i = scheme.tag("B", lab), scheme.tag("I", lab)
+        wide = e > s
+        # Opening tag and the I run up to `run_end`.
+        run_end = e if scheme.scheme == "BIO" else e - 1
+        has_run = run_end > s
+        run = T[tag_b, tag_i] + em_at(s + 1, tag_i) + i_run(s + 2, run_end)
+        if scheme.scheme == "BIO":
+            head = alphas[doc, s, tag_b] + torch.where(has_run, run, run.new_zeros(()))
+            last = torch.where(has_run, tag_i, tag_b)
+            # The next tag must not continue the entity: sum over y != I-l.
+            nxt = (e + 1).clamp_max(L - 1)
+            cand = T[last, :n] + em[doc, nxt] + betas[doc, nxt]  # [N, n]
+            keep = torch.arange(n, device=device).view(1, -1) != tag_i.view(-1, 1)
+            closed = logsumexp(cand, dim=1, keep=keep)
+            tail = torch.where(e + 1 < lengths[doc], closed, betas[doc, e, last])
+            total = head + tail
+        else:
+            tag_l, tag_u = scheme.tag("L", lab), scheme.tag("U", lab)
+            before_l = torch.where(has_run, tag_i, tag_b)
+            multi = (
+                alphas[doc, s, tag_b]
+                + torch.where(has_run, run, run.new_zeros(()))
+                + T[before_l, tag_l]
+                + em_at(e, tag_l)
+                + betas[doc, e, tag_l]
+            )
+            single = alphas[doc, s, tag_u] + betas[doc, s, tag_u]
+            total = torch.where(wide, multi, single)
+        prob = (total - log_z[doc]).exp().clamp_max(1.0)
+    return prob.to(emissions.dtype)
