@@ -92,6 +92,8 @@ def plausible_inputs(
     spans[..., 0] += 6.0 * ~kept  # null wins by a wide margin off the kept spans...
     spans.scatter_add_(-1, labels.unsqueeze(-1), 3.0 * kept.unsqueeze(-1).float())  # ...else a label
     spans = masked_fill_neg(spans, valid.unsqueeze(-1))
+    # the span heads lay their scores out label-major in memory (see heads._SpanScorer)
+    spans = spans.permute(3, 0, 1, 2).contiguous().permute(1, 2, 3, 0)
     scheme = tag_scheme(C - 1, "BIO")
     tags = spans_to_tags(gold, lengths, length, scheme)
     emissions = torch.randn((batch, length, scheme.n_tags), generator=gen)

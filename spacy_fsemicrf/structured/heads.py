@@ -69,15 +69,24 @@ class _SpanScorer(nn.Module):
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or X.shape[1] <= PREDICT_BLOCK:
-            return self.output(self.featurizer(self.dropout(X)))
+            return self._score(X)
         # Spans starting in a block read at most K - 1 tokens past it.
         K, L = self.max_width, X.shape[1]
         blocks = []
         for a in range(0, L, PREDICT_BLOCK):
             b = min(a + PREDICT_BLOCK, L)
-            part = self.output(self.featurizer(self.dropout(X[:, a : b + K - 1])))
-            blocks.append(part[:, : b - a])
+            blocks.append(self._score(X[:, a : b + K - 1])[:, : b - a])
         return torch.cat(blocks, dim=1)
+
+    def _score(self, X: torch.Tensor) -> torch.Tensor:
+        """Scores laid out label-major in memory (a ``[B, L, K, n_out]`` view of an
+        ``[n_out, B, L, K]`` tensor): reductions over the labels, such as the filter's argmax,
+        then read contiguous planes, which is about ten times faster on CPU than reducing
+        across a short innermost axis. The matmul costs the same either way."""
+        hidden = self.featurizer(self.dropout(X))
+        B, L, K, H = hidden.shape
+        out = torch.addmm(self.output.bias.unsqueeze(1), self.output.weight, hidden.reshape(-1, H).T)
+        return out.view(self.output.out_features, B, L, K).permute(1, 2, 3, 0)
 
 
 class FilteredSemiCRFHead(nn.Module):
