@@ -1,0 +1,23 @@
+"""spaCy pipeline component for named entity recognition with a Filtered Semi-Markov CRF
+(Zaratiana et al., 2023), plus exact semi-CRF and linear-chain CRF baselines.
+
+Importing the package registers the ``fsemicrf_ner`` factory, the ``spacy-fsemicrf.*``
+architectures and the ``spacy-fsemicrf.ner_scorer.v1`` scorer (the entry points in setup.cfg
+make spaCy find them without an import).
+"""
+from .architectures import build_filtered_semicrf, build_linear_crf, build_semicrf
+from .component import FSemiCRFEntityRecognizer, make_fsemicrf_ner
+from .scorer import make_ner_scorer, ner_score
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FSemiCRFEntityRecognizer",
+    "make_fsemicrf_ner",
+    "build_filtered_semicrf",
+    "build_semicrf",
+    "build_linear_crf",
+    "make_ner_scorer",
+    "ner_score",
+    "__version__",
+]

@@ -1,0 +1,212 @@
+"""Registered Thinc architectures: a ``tok2vec`` layer followed by a PyTorch structured head.
+
+Each architecture builds ``Model[Tuple[List[Doc], Optional[Ints2d]], ...]``:
+
+* input ``(docs, gold)`` (or ``(docs, gold, mask)``): ``gold`` is ``None`` or an int array of
+  rows ``(doc, start, end_inclusive, label)`` with labels ``1..M`` (0 is reserved for "no
+  entity"); ``mask`` optionally leaves documents out of the loss;
+* with gold, the output is the summed loss (a float); ``backprop(1.0)`` sends the gradient
+  through the head into the ``tok2vec`` layer;
+* without gold, the output is ``(spans, confidences)``: numpy arrays ``int64[N, 4]`` (same row
+  format) and ``float32[N]``, the confidence being the marginal probability of the labelled span.
+
+The number of labels is the model's ``nO`` dimension, set by the component before
+``initialize``; the PyTorch head is built at ``initialize`` (see :mod:`.torch_bridge`).
+"""
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy
+from spacy.tokens import Doc
+from spacy.util import registry
+from thinc.api import Model
+from thinc.types import Floats2d
+
+from .torch_bridge import build_head, get_head_class, is_initialized, make_head_model
+
+FILTERED_SEMICRF = "spacy-fsemicrf.FilteredSemiCRF.v1"
+SEMICRF = "spacy-fsemicrf.SemiCRF.v1"
+LINEAR_CRF = "spacy-fsemicrf.LinearCRF.v1"
+
+
+@registry.architectures(FILTERED_SEMICRF)
+def build_filtered_semicrf(
+    tok2vec: Model[List[Doc], List[Floats2d]],
+    max_width: int = 10,
+    hidden_width: int = 128,
+    span_repr: str = "endpoints",
+    transitions: bool = False,
+    null_weight: float = 0.5,
+    dropout: float = 0.1,
+    mixed_precision: bool = False,
+    grad_scaler: Optional[Dict[str, Any]] = None,
+) -> Model:
+    """Filtered Semi-Markov CRF (Zaratiana et al., 2023) over the vectors of ``tok2vec``.
+
+    max_width (int): widest entity in tokens (K); wider gold entities are left out of training.
+    hidden_width (int): width of the span representation.
+    span_repr (str): span featurizer, e.g. "endpoints" ([h_i; h_j; width]) or a pooling.
+    transitions (bool): add label-transition scores between consecutive nodes.
+    null_weight (float): weight of the null spans in the local loss (beta).
+    dropout (float): dropout inside the head.
+    mixed_precision (bool): run the head under CUDA autocast.
+    grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
+    """
+    kwargs = dict(
+        max_width=max_width,
+        hidden_width=hidden_width,
+        span_repr=span_repr,
+        transitions=transitions,
+        null_weight=null_weight,
+        dropout=dropout,
+    )
+    return build_structured_model(
+        "FilteredSemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,
+        mixed_precision=mixed_precision, grad_scaler=grad_scaler,
+    )
+
+
+@registry.architectures(SEMICRF)
+def build_semicrf(
+    tok2vec: Model[List[Doc], List[Floats2d]],
+    max_width: int = 10,
+    hidden_width: int = 128,
+    span_repr: str = "endpoints",
+    transitions: bool = True,
+    dropout: float = 0.1,
+    mixed_precision: bool = False,
+    grad_scaler: Optional[Dict[str, Any]] = None,
+) -> Model:
+    """Exact Semi-Markov CRF baseline (every segmentation into segments of width 1..K)."""
+    kwargs = dict(
+        max_width=max_width,
+        hidden_width=hidden_width,
+        span_repr=span_repr,
+        transitions=transitions,
+        dropout=dropout,
+    )
+    return build_structured_model(
+        "SemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,
+        mixed_precision=mixed_precision, grad_scaler=grad_scaler,
+    )
+
+
+@registry.architectures(LINEAR_CRF)
+def build_linear_crf(
+    tok2vec: Model[List[Doc], List[Floats2d]],
+    max_width: int = 10,
+    hidden_width: int = 128,
+    scheme: str = "BIO",
+    dropout: float = 0.1,
+    mixed_precision: bool = False,
+    grad_scaler: Optional[Dict[str, Any]] = None,
+) -> Model:
+    """Linear-chain CRF baseline over BIO or BILUO token tags (emissions from a hidden layer
+    of ``hidden_width``). Trains on entities of any width; ``max_width`` is only passed on to the
+    head."""
+    kwargs = dict(max_width=max_width, hidden_width=hidden_width, scheme=scheme, dropout=dropout)
+    return build_structured_model(
+        "LinearCRF", tok2vec, kwargs, max_width=max_width, span_head=False,
+        mixed_precision=mixed_precision, grad_scaler=grad_scaler,
+    )
+
+
+def build_structured_model(
+    arch: str,
+    tok2vec: Model[List[Doc], List[Floats2d]],
+    head_kwargs: Dict[str, Any],
+    *,
+    max_width: int,
+    span_head: bool,
+    mixed_precision: bool = False,
+    grad_scaler: Optional[Dict[str, Any]] = None,
+) -> Model:
+    """Chain ``tok2vec`` and the PyTorch head of ``arch`` (built later, at initialize)."""
+    if int(max_width) < 1:
+        raise ValueError(f"max_width must be at least 1, got {max_width}")
+    _check_head_kwargs(arch, head_kwargs)
+    head = make_head_model(
+        arch, head_kwargs, mixed_precision=mixed_precision, grad_scaler=grad_scaler
+    )
+    return Model(
+        f"fsemicrf_{arch}",
+        forward,
+        init=init,
+        layers=[tok2vec, head],
+        refs={"tok2vec": tok2vec, "head": head},
+        dims={"nO": None},
+        attrs={"arch": arch, "max_width": int(max_width), "span_head": bool(span_head)},
+    )
+
+
+def _check_head_kwargs(arch: str, kwargs: Dict[str, Any]) -> None:
+    """Fail at config time, not at initialize: build a tiny head with these settings."""
+    try:
+        get_head_class(arch)(4, 1, **kwargs)
+    except (TypeError, ValueError, KeyError, AssertionError) as err:
+        raise ValueError(f"Invalid settings for the {arch} head {kwargs}: {err}") from err
+
+
+def _unpack(X) -> Tuple[List[Doc], Any, Any]:
+    if isinstance(X, tuple):
+        if len(X) == 2:
+            return list(X[0]), X[1], None
+        if len(X) == 3:
+            return list(X[0]), X[1], X[2]
+    if isinstance(X, list) and (not X or isinstance(X[0], Doc)):
+        return X, None, None
+    raise ValueError("Expected (docs, gold) or (docs, gold, mask) as input")
+
+
+def forward(model: Model, X, is_train: bool):
+    docs, gold, mask = _unpack(X)
+    tok2vec = model.get_ref("tok2vec")
+    head = model.get_ref("head")
+    if not any(len(doc) for doc in docs):
+        # No tokens at all: nothing to predict or learn (and Thinc layers dislike empty batches).
+        if gold is None:
+            empty = (numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32"))
+            return empty, lambda dY: []
+        return 0.0, lambda dY: []
+    Xs, backprop_tok2vec = tok2vec(docs, is_train)
+    Y, backprop_head = head((Xs, gold, mask), is_train)
+
+    def backprop(dY):
+        return backprop_tok2vec(backprop_head(dY))
+
+    return Y, backprop
+
+
+def init(model: Model, X=None, Y=None) -> None:
+    """Initialize ``tok2vec``, then build the head for ``nO`` labels over the tok2vec width."""
+    tok2vec = model.get_ref("tok2vec")
+    head = model.get_ref("head")
+    docs = _unpack(X)[0] if X is not None else []
+    if docs:
+        tok2vec.initialize(X=docs)
+    else:
+        tok2vec.initialize()
+    if not model.has_dim("nO"):
+        raise ValueError(
+            "The fsemicrf_ner model needs its number of labels (dimension nO) before "
+            "initialize: add labels to the component first."
+        )
+    build_head(head, infer_width(tok2vec, docs), model.get_dim("nO"))
+
+
+def infer_width(tok2vec: Model, docs: List[Doc]) -> int:
+    """Width of the token vectors: the layer's ``nO`` if set, else measured on sample docs."""
+    if tok2vec.has_dim("nO") is True:
+        return int(tok2vec.get_dim("nO"))
+    sample = [doc for doc in docs if len(doc)][:8]
+    if sample:
+        widths = [y.shape[1] for y in tok2vec.predict(sample) if y.shape[0]]
+        if widths:
+            return int(max(widths))
+    raise ValueError(
+        "Cannot tell the width of the token vectors: the tok2vec layer has no nO "
+        "dimension and no non-empty example docs were given to initialize."
+    )
+
+
+def model_is_initialized(model: Model) -> bool:
+    return is_initialized(model.get_ref("head"))

@@ -1,0 +1,395 @@
+"""The ``fsemicrf_ner`` pipeline component.
+
+Training reads the gold entities from ``example.reference.ents`` (so gold entities never
+overlap). Prediction writes every decoded entity to ``doc.spans[spans_key]`` (with the
+marginal probabilities in ``.attrs["scores"]``) and sets ``doc.ents`` the way spaCy's ``ner``
+does: entities already on the doc (for example from an ``entity_ruler`` earlier in the pipeline)
+and tokens blocked with ``Doc.set_ents(blocked=...)`` are kept, predicted entities that overlap
+them are left out of ``doc.ents``, and every other token without entity information is set to
+"outside" (O).
+"""
+import logging
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import numpy
+from spacy.language import Language
+from spacy.pipeline import TrainablePipe
+from spacy.tokens import Doc, Span, SpanGroup
+from spacy.training import Example, validate_examples, validate_get_examples
+from spacy.util import SimpleFrozenList
+from spacy.vocab import Vocab
+from thinc.api import Config, Model, Optimizer, set_dropout_rate
+
+from . import architectures  # noqa: F401  (registers the architectures)
+from .architectures import model_is_initialized
+from .scorer import ner_score
+
+logger = logging.getLogger("spacy_fsemicrf")
+
+DEFAULT_SPANS_KEY = "fsemicrf"
+
+default_model_config = """
+[model]
+@architectures = "spacy-fsemicrf.FilteredSemiCRF.v1"
+max_width = 10
+hidden_width = 128
+span_repr = "endpoints"
+transitions = false
+null_weight = 0.5
+dropout = 0.1
+mixed_precision = false
+grad_scaler = null
+
+[model.tok2vec]
+@architectures = "spacy.HashEmbedCNN.v2"
+pretrained_vectors = null
+width = 96
+depth = 4
+embed_size = 2000
+window_size = 1
+maxout_pieces = 3
+subword_features = true
+"""
+DEFAULT_MODEL = Config().from_str(default_model_config)["model"]
+
+
+@Language.factory(
+    "fsemicrf_ner",
+    assigns=["doc.ents", "token.ent_iob", "token.ent_type", "doc.spans"],
+    default_config={
+        "model": DEFAULT_MODEL,
+        "spans_key": DEFAULT_SPANS_KEY,
+        "scorer": {"@scorers": "spacy-fsemicrf.ner_scorer.v1"},
+    },
+    default_score_weights={
+        "ents_f": 1.0,
+        "ents_p": 0.0,
+        "ents_r": 0.0,
+        "ents_per_type": None,
+    },
+)
+def make_fsemicrf_ner(
+    nlp: Language,
+    name: str,
+    model: Model,
+    spans_key: str,
+    scorer: Optional[Callable],
+) -> "FSemiCRFEntityRecognizer":
+    """Create an ``fsemicrf_ner`` component.
+
+    model (Model): one of the ``spacy-fsemicrf.*`` architectures (filtered semi-CRF, exact
+        semi-CRF or linear-chain CRF over a tok2vec layer).
+    spans_key (str): ``doc.spans`` key for the predicted entities with their confidences.
+    scorer (Optional[Callable]): defaults to ``spacy-fsemicrf.ner_scorer.v1`` (ents_p/r/f).
+    """
+    return FSemiCRFEntityRecognizer(nlp.vocab, model, name, spans_key=spans_key, scorer=scorer)
+
+
+class FSemiCRFEntityRecognizer(TrainablePipe):
+    """Named entity recognizer with a structured (semi-)CRF head."""
+
+    def __init__(
+        self,
+        vocab: Vocab,
+        model: Model,
+        name: str = "fsemicrf_ner",
+        *,
+        spans_key: str = DEFAULT_SPANS_KEY,
+        scorer: Optional[Callable] = ner_score,
+    ) -> None:
+        self.vocab = vocab
+        self.model = model
+        self.name = name
+        self.scorer = scorer
+        self.cfg: Dict[str, Any] = {"labels": [], "spans_key": spans_key}
+        self.n_wide_dropped = 0
+        """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
+        self.widest_dropped = 0
+
+    # Labels -----------------------------------------------------------------------------------
+
+    @property
+    def labels(self) -> Tuple[str, ...]:
+        return tuple(self.cfg["labels"])
+
+    @property
+    def label_data(self) -> List[str]:
+        return list(self.labels)
+
+    @property
+    def spans_key(self) -> str:
+        return str(self.cfg["spans_key"])
+
+    @property
+    def max_width(self) -> int:
+        """Widest entity (in tokens) the model's head can represent."""
+        return int(self.model.attrs["max_width"])
+
+    @property
+    def span_head(self) -> bool:
+        """True for the span-based heads, which cannot learn entities wider than max_width."""
+        return bool(self.model.attrs.get("span_head", True))
+
+    def add_label(self, label: str) -> int:
+        if not isinstance(label, str):
+            raise ValueError(f"Labels must be strings, got {label!r}")
+        if label in self.labels:
+            return 0
+        if model_is_initialized(self.model):
+            raise ValueError(
+                f"Cannot add the label {label!r} to the initialized component '{self.name}': "
+                f"its head was built for the labels {list(self.labels)}. Add every label "
+                f"before initializing (from the training data or "
+                f"[initialize.components.{self.name}.labels]) and initialize again."
+            )
+        self.cfg["labels"].append(label)
+        self.vocab.strings.add(label)
+        return 1
+
+    # Initialization ---------------------------------------------------------------------------
+
+    def initialize(
+        self,
+        get_examples: Callable[[], Iterable[Example]],
+        *,
+        nlp: Optional[Language] = None,
+        labels: Optional[List[str]] = None,
+    ) -> None:
+        """Set the labels (``labels`` or every entity label in the examples, sorted), report
+        gold entities wider than ``max_width`` and build the model."""
+        validate_get_examples(get_examples, "FSemiCRFEntityRecognizer.initialize")
+        sample: List[Doc] = []
+        found = set()
+        n_ents = n_wide = widest = 0
+        for eg in get_examples():
+            for ent in eg.reference.ents:
+                found.add(ent.label_)
+                n_ents += 1
+                if len(ent) > self.max_width:
+                    n_wide += 1
+                    widest = max(widest, len(ent))
+            if len(sample) < 10:
+                sample.append(eg.predicted)
+        # Labels added before (add_label) come first, then `labels` or those of the examples.
+        extra = list(labels) if labels is not None else sorted(found)
+        new_labels = list(dict.fromkeys(list(self.labels) + extra))
+        # (Re-)initializing builds a fresh head, so the label set may change here.
+        self.cfg["labels"] = []
+        for label in new_labels:
+            self.cfg["labels"].append(label)
+            self.vocab.strings.add(label)
+        self._require_labels()
+        if labels is not None:
+            unknown = sorted(found - set(self.labels))
+            if unknown:
+                logger.warning(
+                    "%s: the examples contain entity labels that are not in the labels given "
+                    "to initialize: %s. Training on them will fail.",
+                    self.name,
+                    unknown,
+                )
+        if n_wide and self.span_head:
+            logger.warning(
+                "%s: %d of %d gold entities in the initialization examples are wider than "
+                "max_width=%d tokens and cannot be learned (they are left out of training). "
+                "max_width=%d would keep them all.",
+                self.name,
+                n_wide,
+                n_ents,
+                self.max_width,
+                widest,
+            )
+        self.n_wide_dropped = self.widest_dropped = 0
+        self.model.set_dim("nO", len(self.labels), force=True)
+        self.model.initialize(X=(sample, None))
+
+    # Training ---------------------------------------------------------------------------------
+
+    def update(
+        self,
+        examples: Iterable[Example],
+        *,
+        drop: float = 0.0,
+        sgd: Optional[Optimizer] = None,
+        losses: Optional[Dict[str, float]] = None,
+    ) -> Dict[str, float]:
+        """Learn from a batch of examples: the loss of the head on the gold entities of
+        ``example.reference.ents``, backpropagated into the tok2vec layer."""
+        if losses is None:
+            losses = {}
+        losses.setdefault(self.name, 0.0)
+        examples = list(examples)
+        validate_examples(examples, "FSemiCRFEntityRecognizer.update")
+        if not examples:
+            return losses
+        docs = [eg.predicted for eg in examples]
+        gold, mask = self.get_gold(examples)
+        if not any(len(doc) for doc, keep in zip(docs, mask) if keep):
+            return losses
+        set_dropout_rate(self.model, drop)
+        loss, backprop = self.model.begin_update((docs, gold, mask))
+        backprop(1.0)
+        if sgd is not None:
+            self.finish_update(sgd)
+        losses[self.name] += loss
+        return losses
+
+    def get_gold(self, examples: List[Example]) -> Tuple[numpy.ndarray, numpy.ndarray]:
+        """Gold rows ``(doc, start, end_inclusive, label 1..M)`` aligned to the predicted docs,
+        and a mask of the examples whose reference has entity annotation (the others are left
+        out of the loss). Entities wider than ``max_width`` are dropped for span heads and
+        counted in ``n_wide_dropped`` (with a warning)."""
+        label_ids = {label: i + 1 for i, label in enumerate(self.labels)}
+        limit = self.max_width if self.span_head else None
+        rows: List[Tuple[int, int, int, int]] = []
+        mask = numpy.zeros((len(examples),), dtype=bool)
+        n_wide = widest = 0
+        for i, eg in enumerate(examples):
+            ref = eg.reference
+            if not ref.has_annotation("ENT_IOB"):
+                continue
+            mask[i] = True
+            ents = ref.ents
+            for ent in ents:
+                if ent.label_ not in label_ids:
+                    raise ValueError(
+                        f"[{self.name}] The training data has an entity with the label "
+                        f"{ent.label_!r}, which the component was not initialized with "
+                        f"(labels: {list(self.labels)}). Include it in the initialization "
+                        f"examples or in [initialize.components.{self.name}.labels]."
+                    )
+            for ent in eg.get_aligned_spans_y2x(ents, allow_overlap=False):
+                if limit is not None and len(ent) > limit:
+                    n_wide += 1
+                    widest = max(widest, len(ent))
+                    continue
+                rows.append((i, ent.start, ent.end - 1, label_ids[ent.label_]))
+        if n_wide:
+            self._report_wide(n_wide, widest)
+        gold = numpy.asarray(rows, dtype="int64").reshape(-1, 4)
+        return gold, mask
+
+    def _report_wide(self, n_wide: int, widest: int) -> None:
+        before = self.n_wide_dropped
+        self.n_wide_dropped += n_wide
+        self.widest_dropped = max(self.widest_dropped, widest)
+        # Warn at 1, 10, 100, ... dropped entities: never silent, never a flood.
+        if len(str(before)) != len(str(self.n_wide_dropped)) or before == 0:
+            logger.warning(
+                "%s: %d gold entities wider than max_width=%d tokens have been left out of "
+                "training so far; max_width=%d would keep them all.",
+                self.name,
+                self.n_wide_dropped,
+                self.max_width,
+                self.widest_dropped,
+            )
+
+    def get_loss(self, examples: Iterable[Example], scores) -> Tuple[float, float]:
+        """The loss is computed inside the model (see ``update``)."""
+        examples = list(examples)
+        docs = [eg.predicted for eg in examples]
+        gold, mask = self.get_gold(examples)
+        loss = self.model.predict((docs, gold, mask))
+        return float(loss), 0.0
+
+    # Prediction -------------------------------------------------------------------------------
+
+    def predict(self, docs: Iterable[Doc]) -> Tuple[numpy.ndarray, numpy.ndarray]:
+        """Decode a batch: ``(spans int64[N, 4], confidences float32[N])`` with rows
+        ``(doc index, start, end_inclusive, label 1..M)``."""
+        docs = list(docs)
+        if not any(len(doc) for doc in docs):
+            return numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32")
+        spans, confs = self.model.predict((docs, None))
+        return numpy.asarray(spans, dtype="int64"), numpy.asarray(confs, dtype="float32")
+
+    def set_annotations(self, docs: Iterable[Doc], spans_confs) -> None:
+        spans, confs = spans_confs
+        docs = list(docs)
+        label_hashes = [self.vocab.strings.add(label) for label in self.labels]
+        bounds = numpy.searchsorted(spans[:, 0], numpy.arange(len(docs) + 1), side="left")
+        for i, doc in enumerate(docs):
+            rows = spans[bounds[i] : bounds[i + 1]]
+            ents = [
+                Span(doc, int(start), int(end) + 1, label=label_hashes[int(label) - 1])
+                for _, start, end, label in rows.tolist()
+            ]
+            group = SpanGroup(doc, name=self.spans_key, spans=ents)
+            group.attrs["scores"] = numpy.array(confs[bounds[i] : bounds[i + 1]], dtype="float32")
+            doc.spans[self.spans_key] = group
+            set_entities(doc, ents)
+
+    # Serialization ----------------------------------------------------------------------------
+
+    def from_disk(self, path, *, exclude=SimpleFrozenList()):
+        try:
+            super().from_disk(path, exclude=exclude)
+        except ValueError as err:
+            raise self._load_error(err, str(path)) from err
+        self._check_loaded()
+        return self
+
+    def from_bytes(self, bytes_data, *, exclude=SimpleFrozenList()):
+        try:
+            super().from_bytes(bytes_data, exclude=exclude)
+        except ValueError as err:
+            raise self._load_error(err, "bytes") from err
+        self._check_loaded()
+        return self
+
+    def _load_error(self, err: Exception, source: str) -> Exception:
+        msg = str(err)
+        if "fsemicrf_ner" in msg:
+            return ValueError(msg)
+        return ValueError(
+            f"Cannot load the '{self.name}' component from {source}: the model built from the "
+            f"current config does not match the saved one ({msg}). Load the pipeline with the "
+            f"config it was trained with."
+        )
+
+    def _check_loaded(self) -> None:
+        if not model_is_initialized(self.model):
+            return
+        n_head = self.model.get_ref("head").get_dim("nO")
+        if n_head != len(self.labels):
+            raise ValueError(
+                f"The saved '{self.name}' model predicts {n_head} labels but its cfg lists "
+                f"{len(self.labels)} ({list(self.labels)}): the saved pipeline is inconsistent."
+            )
+
+
+def set_entities(doc: Doc, predicted: List[Span]) -> None:
+    """Write ``predicted`` into ``doc.ents`` like spaCy's ``ner``: keep the entities already on
+    the doc and the blocked tokens, drop predicted entities overlapping them, set the remaining
+    tokens without entity information to O."""
+    n = len(doc)
+    if n == 0:
+        return
+    iob = doc.to_array("ENT_IOB").astype("int64").reshape(-1)
+    occupied = (iob == 1) | (iob == 3)  # inside a preset entity, or blocked
+    if predicted:
+        starts = numpy.fromiter((s.start for s in predicted), dtype="int64", count=len(predicted))
+        ends = numpy.fromiter((s.end for s in predicted), dtype="int64", count=len(predicted))
+        if occupied.any():
+            cum = numpy.concatenate([[0], numpy.cumsum(occupied)])
+            keep = (cum[ends] - cum[starts]) == 0
+            predicted = [span for span, k in zip(predicted, keep.tolist()) if k]
+            starts, ends = starts[keep], ends[keep]
+        delta = numpy.zeros((n + 1,), dtype="int64")
+        numpy.add.at(delta, starts, 1)
+        numpy.add.at(delta, ends, -1)
+        covered = numpy.cumsum(delta[:n]) > 0
+    else:
+        covered = numpy.zeros((n,), dtype=bool)
+    missing = (iob == 0) & ~covered
+    outside = [doc[int(a) : int(b)] for a, b in _runs(missing)]
+    doc.set_ents(predicted, outside=outside, default="unmodified")
+
+
+def _runs(mask: numpy.ndarray) -> List[Tuple[int, int]]:
+    """``(start, end)`` of the runs of True in a boolean vector."""
+    if not mask.any():
+        return []
+    padded = numpy.concatenate([[False], mask, [False]]).astype("int8")
+    edges = numpy.flatnonzero(numpy.diff(padded))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))

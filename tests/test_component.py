@@ -1,0 +1,255 @@
+"""The fsemicrf_ner component: labels, training, annotations, serialization, odd input."""
+import logging
+
+import numpy
+import pytest
+import spacy
+from spacy import displacy
+from spacy.tokens import Doc, Span
+from spacy.training import Example
+
+from spacy_fsemicrf.component import FSemiCRFEntityRecognizer, set_entities
+
+try:  # tests/ as a package (tests/__init__.py) or as a plain directory
+    from .conftest import LABELS, TRAIN_DATA, gold_set, make_examples, predicted_set
+except ImportError:  # pragma: no cover
+    from conftest import LABELS, TRAIN_DATA, gold_set, make_examples, predicted_set
+
+# Labels ----------------------------------------------------------------------------------------
+
+
+def test_add_pipe_with_defaults():
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner")
+    assert isinstance(ner, FSemiCRFEntityRecognizer)
+    assert ner.spans_key == "fsemicrf"
+    assert ner.max_width == 10
+    cfg = nlp.config["components"]["fsemicrf_ner"]
+    assert cfg["model"]["@architectures"] == "spacy-fsemicrf.FilteredSemiCRF.v1"
+    assert cfg["model"]["tok2vec"]["@architectures"] == "spacy.HashEmbedCNN.v2"
+    assert cfg["scorer"]["@scorers"] == "spacy-fsemicrf.ner_scorer.v1"
+
+
+def test_initialize_from_examples():
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner")
+    nlp.initialize(lambda: make_examples(nlp))
+    assert ner.labels == tuple(LABELS)
+    assert ner.model.get_dim("nO") == 3
+    assert ner.model.get_ref("head").get_dim("nI") == 96
+
+
+def test_initialize_from_labels_arg_and_config():
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner")
+    ner.initialize(lambda: make_examples(nlp), nlp=nlp, labels=["PER", "ORG", "LOC", "MISC"])
+    assert ner.labels == ("PER", "ORG", "LOC", "MISC")
+
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner")
+    nlp.config["initialize"]["components"]["fsemicrf_ner"] = {"labels": ["B", "A"]}
+    nlp.initialize()  # no examples at all
+    assert ner.labels == ("B", "A")
+    doc = nlp("some text here")
+    assert doc.spans["fsemicrf"] is not None
+
+
+def test_initialize_without_labels_fails():
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner")
+    with pytest.raises(ValueError):
+        nlp.initialize()
+
+
+def test_add_label_after_initialize_fails(trained_nlp):
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    assert ner.add_label("PER") == 0
+    with pytest.raises(ValueError, match="NEWLABEL"):
+        ner.add_label("NEWLABEL")
+
+
+def test_unknown_label_in_update_is_an_error():
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner")
+    examples = make_examples(nlp)
+    ner.initialize(lambda: examples, nlp=nlp, labels=["PER", "LOC"])
+    with pytest.raises(ValueError, match="'ORG'"):
+        nlp.update(examples)
+
+
+def test_use_before_initialize_is_an_error():
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner")
+    with pytest.raises(ValueError, match="initialize"):
+        nlp("Apple is in London .")
+
+
+# Training and prediction -----------------------------------------------------------------------
+
+
+def test_update_makes_the_loss_fall_and_finds_the_entities(trained):
+    nlp, losses = trained
+    assert losses[0] > 0
+    assert losses[-1] < 0.05 * losses[0]
+    docs = list(nlp.pipe([text for text, _ in TRAIN_DATA]))
+    assert predicted_set(docs) == gold_set(nlp)
+    for doc in docs:
+        group = doc.spans["fsemicrf"]
+        scores = group.attrs["scores"]
+        assert len(scores) == len(group) == len(doc.ents)
+        assert numpy.all((scores >= 0) & (scores <= 1))
+        assert [(s.start, s.end, s.label_) for s in group] == [
+            (e.start, e.end, e.label_) for e in doc.ents
+        ]
+
+
+def test_scorer_keys(trained_nlp):
+    scores = trained_nlp.evaluate(make_examples(trained_nlp))
+    for key in ("ents_p", "ents_r", "ents_f", "ents_per_type"):
+        assert key in scores
+    assert scores["ents_f"] == 1.0
+    assert set(scores["ents_per_type"]) == set(LABELS)
+
+
+def test_docs_without_entity_annotation_are_left_out_of_the_loss(trained_nlp):
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    doc = trained_nlp.make_doc("Apple is in London .")
+    missing = Example(doc, doc.copy())  # the reference has no entity annotation
+    annotated = make_examples(trained_nlp)[0]
+    gold, mask = ner.get_gold([missing, annotated])
+    assert mask.tolist() == [False, True]
+    assert set(gold[:, 0].tolist()) == {1}
+    assert ner.update([missing], sgd=None)["fsemicrf_ner"] == 0.0
+
+
+def test_gold_entities_wider_than_max_width_are_reported(caplog):
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": {"max_width": 3}})
+    text = "The University of California at Los Angeles is big ."
+    data = [(text, [(0, 43, "ORG")]), ("Paris is nice .", [(0, 5, "LOC")])]
+    examples = make_examples(nlp, data)
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: examples)
+    assert "max_width=3" in caplog.text and "max_width=7" in caplog.text
+    caplog.clear()
+    gold, mask = ner.get_gold(examples)
+    assert gold.tolist() == [[1, 0, 0, 1]]  # only Paris (LOC = 1); the 7-token ORG is dropped
+    assert ner.n_wide_dropped == 1 and ner.widest_dropped == 7
+    assert "max_width=7" in caplog.text
+    losses = nlp.update(examples)
+    assert numpy.isfinite(losses["fsemicrf_ner"])
+    assert ner.n_wide_dropped == 2
+
+
+def test_existing_entities_are_kept(trained_nlp):
+    doc = trained_nlp.make_doc("Apple is opening an office in London .")
+    doc.ents = [Span(doc, 0, 2, label="CUSTOM")]  # "Apple is", overlaps the predicted ORG
+    doc = trained_nlp(doc)
+    ents = [(e.text, e.label_) for e in doc.ents]
+    assert ents == [("Apple is", "CUSTOM"), ("London", "LOC")]
+    # doc.spans keeps every prediction of the model
+    assert [(s.text, s.label_) for s in doc.spans["fsemicrf"]] == [("Apple", "ORG"), ("London", "LOC")]
+    assert all(t.ent_iob_ in ("B", "I", "O") for t in doc)
+
+
+def test_blocked_tokens_stay_blocked():
+    nlp = spacy.blank("en")
+    doc = nlp.make_doc("a b c d e")
+    doc.set_ents([], blocked=[doc[1:2]], default="missing")
+    preds = [Span(doc, 0, 2, label="X"), Span(doc, 3, 4, label="Y")]
+    set_entities(doc, preds)
+    assert [(e.start, e.end, e.label_) for e in doc.ents] == [(3, 4, "Y")]
+    assert [t.ent_iob for t in doc] == [2, 3, 2, 3, 2]  # token 1: still blocked (B, no type)
+    assert doc[1].ent_type == 0
+
+
+def test_empty_one_token_and_whitespace_docs(trained_nlp):
+    assert trained_nlp("").ents == ()
+    doc = trained_nlp("London")
+    assert len(doc) == 1
+    words = ["John", " ", "Smith", "\n\n", "works", "\t", "in", "Paris", "  "]
+    doc = trained_nlp(Doc(trained_nlp.vocab, words=words))
+    assert all(t.ent_iob_ in ("B", "I", "O") for t in doc)
+    docs = list(trained_nlp.pipe(["", "Paris", "", "Mary flew to Berlin on Monday ."]))
+    assert [len(d) for d in docs] == [0, 1, 0, 7]
+    assert ("Berlin", "LOC") in {(e.text, e.label_) for e in docs[3].ents}
+
+
+def test_long_document(trained_nlp):
+    sentence = "Mary flew to Berlin on Monday .".split()
+    words = (sentence * (10_000 // len(sentence) + 1))[:10_000]
+    doc = trained_nlp(Doc(trained_nlp.vocab, words=words))
+    assert len(doc) == 10_000
+    found = {(e.text, e.label_) for e in doc.ents}
+    assert ("Berlin", "LOC") in found
+    assert len(doc.spans["fsemicrf"].attrs["scores"]) == len(doc.spans["fsemicrf"])
+
+
+def test_pipe_with_two_processes(trained_nlp):
+    texts = [text for text, _ in TRAIN_DATA] * 2
+    single = predicted_set(trained_nlp.pipe(texts))
+    multi = predicted_set(trained_nlp.pipe(texts, n_process=2, batch_size=4))
+    assert multi == single
+
+
+def test_displacy(trained_nlp):
+    html = displacy.render(trained_nlp("John Smith works for Google in Paris ."), style="ent")
+    assert "Google" in html and "ORG" in html
+
+
+# Serialization ---------------------------------------------------------------------------------
+
+
+def test_to_disk_and_spacy_load_give_identical_predictions(trained_nlp, tmp_path):
+    texts = [text for text, _ in TRAIN_DATA]
+    before = list(trained_nlp.pipe(texts))
+    trained_nlp.to_disk(tmp_path / "pipeline")
+    nlp2 = spacy.load(tmp_path / "pipeline")
+    assert nlp2.get_pipe("fsemicrf_ner").labels == tuple(LABELS)
+    after = list(nlp2.pipe(texts))
+    for a, b in zip(before, after):
+        assert [(e.start, e.end, e.label_) for e in a.ents] == [
+            (e.start, e.end, e.label_) for e in b.ents
+        ]
+        numpy.testing.assert_allclose(
+            a.spans["fsemicrf"].attrs["scores"], b.spans["fsemicrf"].attrs["scores"], rtol=1e-5
+        )
+    # to_bytes / from_bytes of the component alone
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    nlp3 = spacy.blank("en")
+    ner3 = nlp3.add_pipe("fsemicrf_ner")
+    ner3.from_bytes(ner.to_bytes())
+    assert predicted_set(nlp3.pipe(texts)) == predicted_set(before)
+
+
+def test_uninitialized_pipeline_round_trip(tmp_path):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner")
+    nlp.to_disk(tmp_path / "blank")
+    nlp2 = spacy.load(tmp_path / "blank")
+    assert nlp2.get_pipe("fsemicrf_ner").labels == ()
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"hidden_width": 64}, "hidden_width = 128"),
+        ({"@architectures": "spacy-fsemicrf.SemiCRF.v1", "null_weight": None}, "FilteredSemiCRF"),
+        ({"tok2vec": {"depth": 2}}, "config"),
+    ],
+)
+def test_loading_with_an_incompatible_config_is_a_clear_error(trained_nlp, tmp_path, change, match):
+    path = tmp_path / "pipeline"
+    trained_nlp.to_disk(path)
+    config = spacy.util.load_config(path / "config.cfg")
+    model_cfg = config["components"]["fsemicrf_ner"]["model"]
+    for key, value in change.items():
+        if value is None:
+            model_cfg.pop(key)
+        elif isinstance(value, dict):
+            model_cfg[key].update(value)
+        else:
+            model_cfg[key] = value
+    config.to_disk(path / "config.cfg")
+    with pytest.raises(ValueError, match=match):
+        spacy.load(path)
