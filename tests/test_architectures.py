@@ -142,7 +142,9 @@ def test_length_groups():
     assert sorted(flat) == [0, 2, 3, 4, 5]  # the empty doc is left out
     for g in groups:
         assert len(g) == 1 or len(g) * lengths[g].max() <= 20
-    assert [g.tolist() for g in length_groups(lengths, max_padded=10**6)] == [[2, 4, 3, 0, 5]]
+    assert [g.tolist() for g in length_groups(lengths, max_padded=10**6, min_ratio=0)] == [[2, 4, 3, 0, 5]]
+    # documents much shorter than their group's longest start a new group
+    assert [g.tolist() for g in length_groups(lengths, max_padded=10**6, min_ratio=0.7)] == [[2, 4], [3, 0], [5]]
     assert length_groups(numpy.asarray([0, 0]), 10) == []
 
 
