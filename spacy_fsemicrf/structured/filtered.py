@@ -293,6 +293,7 @@ def _split_transitions(
 class _ScanResult(NamedTuple):
     total: torch.Tensor  # [N]: log Z (log semiring) or best score (max semiring)
     best_nodes: Optional[torch.Tensor]  # [N, Lc, K] bool, Viterbi only
+    alpha: Optional[torch.Tensor] = None  # [N, Lc, K] forward scores, with keep_alpha
 
 
 def _scan(
@@ -301,6 +302,7 @@ def _scan(
     labels: torch.Tensor,
     transitions: Optional[torch.Tensor],
     viterbi: bool,
+    keep_alpha: bool = False,
 ) -> _ScanResult:
     """Position scan of DESIGN.md §2 over compacted, right-aligned rows ``[N, Lc, K]``.
 
@@ -331,6 +333,7 @@ def _scan(
     # unbind once: indexing scores[:, s] in the loop would give every step a full-size gradient
     # buffer in backward, making it quadratic in the length.
     score_steps = scores.unbind(1)
+    alpha_hist = []  # alpha of the nodes starting at each position: [N, K]
     q_hist = []  # Q[e] = ⊕_l' A[e, l'] ⊗ T_in[l', :], per end e: [N, n_in]
     a_hist = []  # A[e]: [N, n_ch]
     pending = scores.new_full((N, K, n_ch), NEG)
@@ -356,6 +359,8 @@ def _scan(
             back_end.append(torch.full((N, n_in), -1, dtype=torch.long, device=device))
         alpha = score_steps[s] + incoming.gather(1, labels[:, s])  # [N, K]
         alpha = masked_fill_neg(alpha, mask[:, s])
+        if keep_alpha:
+            alpha_hist.append(alpha)
         contrib = masked_fill_neg(alpha.unsqueeze(-1), onehot[:, s])  # [N, K, n_ch]
         if viterbi:
             better = contrib > pending
@@ -383,7 +388,8 @@ def _scan(
     hist = masked_fill_neg(hist, (ends.view(1, -1) >= lo.view(-1, 1)).unsqueeze(-1))
     flat = hist.reshape(N, -1)
     if not viterbi:
-        return _ScanResult(lse(flat, 1), None)
+        alpha = torch.stack(alpha_hist, 1) if keep_alpha else None
+        return _ScanResult(lse(flat, 1), None, alpha)
     total, arg = flat.max(1)
     return _ScanResult(
         total,
@@ -422,6 +428,38 @@ def _backtrack(end, label, back_end, back_label, best_start, labels, shape) -> t
 
 
 # ----------------------------------------------------------------------------- public API
+
+
+def _reverse_rows(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mirror each right-aligned row of a ``[N, Lc, K]`` grid: the node starting at ``s`` with
+    width ``w`` in a row occupying ``[o, Lc)`` moves to start ``o + Lc - 1 - (s + w)``, so the
+    mirrored rows are right-aligned too. Applying it twice gives ``x`` back."""
+    N, Lc, K = mask.shape
+    device = mask.device
+    covered_from = mask.any(2).long().argmax(1)  # first position with a node: the row start
+    s = torch.arange(Lc, device=device).view(1, Lc, 1)
+    w = torch.arange(K, device=device).view(1, 1, K)
+    mirrored = covered_from.view(N, 1, 1) + Lc - 1 - (s + w)
+    inside = (mirrored >= covered_from.view(N, 1, 1)) & (mirrored < Lc)  # else: no node there
+    out = x.gather(1, mirrored.clamp(0, Lc - 1).expand(N, Lc, K))
+    return torch.where(inside, out, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _scan_marginals(
+    scores: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, transitions: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """Node marginals of scanned rows without autograd: ``exp(alpha + alpha' - phi - log Z)``.
+
+    ``alpha'`` is the forward scan of the mirrored rows (the reversed graph has the same paths),
+    i.e. the outside score of each node including its own score. Two scans and no autograd
+    graph: memory stays a few ``[N, Lc, K]`` tensors however long the rows are.
+    """
+    forward = _scan(scores, mask, labels, transitions, False, keep_alpha=True)
+    flip = lambda x: _reverse_rows(x, mask)  # noqa: E731
+    t_rev = None if transitions is None else transitions.T
+    backward = _scan(flip(scores), flip(mask), flip(labels), t_rev, False, keep_alpha=True)
+    log_marginal = forward.alpha + flip(backward.alpha) - scores - forward.total.view(-1, 1, 1)
+    return torch.where(mask, log_marginal.clamp_max(0).exp(), 0.0)
 
 
 class _Solution(NamedTuple):
@@ -482,11 +520,8 @@ def _solve(
             picked = result.best_nodes.reshape(-1)[block.scan_index]
             chosen[block.grid_index[picked]] = True
         if mode == "decode":
-            with torch.enable_grad():
-                leaf = scan_scores.detach().requires_grad_(True)
-                log_z = _scan(leaf, scan_mask, scan_labels, transitions, False).total
-                (grad,) = torch.autograd.grad(log_z.sum(), leaf)
-            marginals[block.grid_index] = grad.reshape(-1)[block.scan_index]
+            block_marginals = _scan_marginals(scan_scores, scan_mask, scan_labels, transitions)
+            marginals[block.grid_index] = block_marginals.reshape(-1)[block.scan_index]
     return _Solution(
         totals,
         None if chosen is None else chosen.view(B, L, K),
