@@ -106,7 +106,7 @@ class FilteredSemiCRFHead(nn.Module):
         *,
         max_width: int = 10,
         hidden_width: int = 128,
-        span_repr: str = "endpoints",
+        span_repr: str = "sum",
         transitions: bool = False,
         null_weight: float = 0.5,
         dropout: float = 0.1,
@@ -192,7 +192,7 @@ class SemiCRFHead(nn.Module):
         *,
         max_width: int = 10,
         hidden_width: int = 128,
-        span_repr: str = "endpoints",
+        span_repr: str = "sum",
         transitions: bool = True,
         dropout: float = 0.1,
     ) -> None:

@@ -110,7 +110,7 @@ class SpanFeaturizer(nn.Module):
     """
 
     def __init__(
-        self, input_width: int, hidden_width: int, max_width: int, span_repr: str = "endpoints"
+        self, input_width: int, hidden_width: int, max_width: int, span_repr: str = "sum"
     ) -> None:
         super().__init__()
         if span_repr not in SPAN_REPRS:
