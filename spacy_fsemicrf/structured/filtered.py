@@ -164,6 +164,8 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
         row_doc = cl_doc[first_of_doc]
         row_len = torch.zeros_like(row_doc).index_add(0, cl_row, cl_len)
     scanned = ~single & ~small
+    if not bool(scanned.any()):  # the usual case for a trained model: nothing to scan
+        return Compaction((), flat[single], small_clusters)
     n_rows = row_len.numel()
     row_block = _length_blocks(row_len, torch.bincount(node_row[scanned], minlength=n_rows) > 0)
     node_block = torch.where(scanned, row_block[node_row], -1)
