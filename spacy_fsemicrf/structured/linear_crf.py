@@ -175,10 +175,13 @@ def _forward(
     if L == 0:  # every document is empty; stay connected to the inputs for autograd
         return emissions.new_zeros((B, 0, n)), emissions.sum((1, 2)) * 0 + T.sum() * 0
     trans_t = T[:n, :n].t().contiguous()  # [next, prev]: reduce over the contiguous dim
-    alpha = T[n, :n] + emissions[:, 0]
+    # unbind once: emissions[:, t] in the loop would give every step a full-size gradient
+    # buffer in backward, making it quadratic in L
+    steps = emissions.unbind(1)
+    alpha = T[n, :n] + steps[0]
     alphas = [alpha]
     for t in range(1, L):
-        new = lse(alpha.unsqueeze(1) + trans_t, -1) + emissions[:, t]
+        new = lse(alpha.unsqueeze(1) + trans_t, -1) + steps[t]
         alpha = torch.where((t < lengths).view(-1, 1), new, alpha)
         alphas.append(alpha)
     log_z = lse(alpha + T[:n, n], -1)

@@ -107,9 +107,12 @@ def semicrf_log_partition(
     if transitions is None:
         # The labels do not interact across segments: reduce them before the scan.
         E = lse(E, -1)  # [B, L, K]
+        # unbind once: E[:, t - 1] in the loop would give every step a full-size gradient
+        # buffer in backward, making it quadratic in L
+        E_steps = E.unbind(1)
         alphas = [scores.new_zeros(B)]
         for t in range(1, L + 1):
-            cand = E[:, t - 1, : min(K, t)] + _window(alphas, t, K)
+            cand = E_steps[t - 1][:, : min(K, t)] + _window(alphas, t, K)
             alphas.append(lse(cand, 1))
         return torch.stack(alphas, 1).gather(1, lengths.view(-1, 1)).squeeze(1)
     T = transitions.to(scores.dtype)
@@ -117,10 +120,11 @@ def semicrf_log_partition(
     states = [_start_state(B, C, scores)]
     enters: List[torch.Tensor] = []
     neg_col = scores.new_full((B, 1), NEG)
+    E_steps = E.unbind(1)  # see above: no per-step indexing of a tensor that needs a gradient
     for t in range(1, L + 1):
         # Score of opening a segment of each label at position t - 1.
         enters.append(lse(states[-1].unsqueeze(1) + enter_T, -1))
-        cand = E[:, t - 1, : min(K, t)] + _window(enters, t, K)  # [B, n, C]
+        cand = E_steps[t - 1][:, : min(K, t)] + _window(enters, t, K)  # [B, n, C]
         states.append(torch.cat([lse(cand, 1), neg_col], dim=1))
     final = torch.stack(states, 1)[torch.arange(B, device=scores.device), lengths]
     return lse(final + _end_transitions(T), -1)
