@@ -17,10 +17,10 @@ writes JSON.
 import argparse
 import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, List
@@ -170,18 +170,37 @@ def kept_nodes(spans, lengths) -> Dict[str, float]:
             "candidates_mean": candidates.mean().item()}
 
 
-def peak_memory_child(length: int, n_classes: int, max_width: int, batch: int) -> None:
-    """Run in a subprocess: print the resident-memory growth of filtered log Z + backward."""
-    torch.set_num_threads(1)
+def training_nodes_file(length: int, n_classes: int, max_width: int, batch: int, path: Path) -> None:
+    """Write the node-level inputs of filtered log Z (a few ``[B, L, K]`` tensors) to ``path``,
+    so that the measuring process never holds the much larger ``[B, L, K, C]`` scores."""
     spans, _, gold, lengths, _ = plausible_inputs(batch, length, n_classes, max_width)
     grid = gold_label_grid(gold, lengths, length, max_width)
-    glob = spans.clone().requires_grad_(True)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     mask, labels = filtered.training_nodes(spans, lengths, grid)
-    node_scores = glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    filtered.filtered_log_partition(node_scores, mask, labels).sum().backward()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_rss_growth_mb": (after - before) / 1024}))
+    node_scores = spans.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    torch.save({"scores": node_scores, "mask": mask, "labels": labels, "gold": grid > 0}, path)
+
+
+def peak_memory_child(path: str) -> None:
+    """Run in a fresh process: print the peak resident-memory growth of filtered log Z plus
+    its backward, over the inputs written by :func:`training_nodes_file`."""
+    torch.set_num_threads(1)
+    inputs = torch.load(path)
+    scores = inputs["scores"].requires_grad_(True)
+    filtered.filtered_log_partition(scores[:1, :8], inputs["mask"][:1, :8])  # warm up
+    # Reset the kernel's peak-RSS mark (Linux clear_refs 5), so that the peak read afterwards
+    # is this computation's and not the import's.
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _rss_kb("VmRSS")
+    log_z = filtered.filtered_log_partition(scores, inputs["mask"], inputs["labels"])
+    (log_z - filtered.path_score(scores, inputs["gold"])).sum().backward()
+    print(json.dumps({"peak_rss_growth_mb": (_rss_kb("VmHWM") - before) / 1024}))
+
+
+def _rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def main() -> None:
@@ -201,10 +220,10 @@ def main() -> None:
     parser.add_argument("--false-positives", type=float, default=0.01,
                         help="stray kept spans per token")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/out/structured.json"))
-    parser.add_argument("--memory-child", type=int, nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
-        peak_memory_child(*args.memory_child)
+        peak_memory_child(args.memory_child)
         return
     torch.set_num_threads(args.threads)
     if args.quick:
@@ -229,13 +248,15 @@ def main() -> None:
                                                   if isinstance(v, float)), file=sys.stderr)
     memory = []
     if args.memory:
-        for L in args.lengths:
-            out = subprocess.run(
-                [sys.executable, __file__, "--memory-child", str(L), str(max(args.labels)),
-                 str(args.max_width), str(args.batch)],
-                check=True, capture_output=True, text=True,
-            ).stdout
-            memory.append({"length": L, **json.loads(out.strip().splitlines()[-1])})
+        with tempfile.TemporaryDirectory() as tmp:
+            for L in args.lengths:
+                path = Path(tmp) / f"nodes_{L}.pt"
+                training_nodes_file(L, max(args.labels), args.max_width, args.batch, path)
+                out = subprocess.run(
+                    [sys.executable, __file__, "--memory-child", str(path)],
+                    check=True, capture_output=True, text=True,
+                ).stdout
+                memory.append({"length": L, **json.loads(out.strip().splitlines()[-1])})
     meta = {
         "batch": args.batch, "max_width": args.max_width, "repeats": args.repeats,
         "threads": args.threads, "distractors": args.distractors,

@@ -225,8 +225,9 @@ def test_compaction_cuts_clusters_and_skips_single_nodes():
     comp = compact(mask, by_cluster=True)
     assert comp.single_index.numel() == 1
     # two-node clusters are enumerated, not scanned
-    assert comp.blocks == () and comp.small.grid_index.shape == (2, 2)
-    assert comp.small.maximal.sum(1).tolist() == [2, 2]  # each overlapping pair: either node
+    assert comp.blocks == () and len(comp.small) == 1
+    assert comp.small[0].grid_index.shape == (2, 2)
+    assert comp.small[0].maximal.sum(1).tolist() == [2, 2]  # each overlapping pair: either node
     whole = compact(mask, by_cluster=False)
     assert [(b.n_rows, b.scan_length) for b in whole.blocks] == [(1, 1 + 3 + 6)]
 
@@ -240,9 +241,9 @@ def test_scanned_and_enumerated_clusters_agree(monkeypatch):
         filtered_marginals(scores, mask),
         filtered_decode(scores, mask)[1],
     )
-    assert compact(mask, True).small is not None and compact(mask, True).blocks
+    assert compact(mask, True).small and compact(mask, True).blocks
     monkeypatch.setattr(filtered_module, "ENUMERATE_MAX_NODES", 1)
-    assert compact(mask, True).small is None
+    assert compact(mask, True).small == ()
     assert torch.allclose(default[0], filtered_log_partition(scores, mask))
     assert torch.equal(default[1], filtered_viterbi(scores, mask)[0])
     assert torch.allclose(default[2], filtered_marginals(scores, mask))

@@ -112,7 +112,7 @@ class Compaction(NamedTuple):
 
     blocks: Tuple[ScanBlock, ...]
     single_index: torch.Tensor
-    small: Optional["SmallClusters"]
+    small: Tuple["SmallClusters", ...]
 
 
 def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
@@ -130,7 +130,7 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
     end = start + width
     flat = (doc * L + start) * K + width
     if doc.numel() == 0:
-        return Compaction((), flat, None)
+        return Compaction((), flat, ())
     offset = doc * (L + 1)  # keeps documents apart in the running maximum
     reach = (offset + end).cummax(0).values
     opens = torch.ones_like(doc, dtype=torch.bool)
@@ -143,14 +143,18 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
     rel_start = start - cl_start[cluster]
     single = torch.zeros_like(opens)
     small = torch.zeros_like(opens)
-    small_clusters = None
+    small_clusters = ()
     if by_cluster:
         node_row, row_len, row_doc = cluster, cl_len, cl_doc
         row_nodes = torch.bincount(cluster, minlength=n_clusters)[cluster]
         single = row_nodes == 1
         small = (row_nodes > 1) & (row_nodes <= ENUMERATE_MAX_NODES)
-        if bool(small.any()):
-            small_clusters = _small_clusters(flat[small], cluster[small], start[small], end[small], cl_doc)
+        groups = []
+        for low, high in ENUMERATE_GROUPS:
+            group = small & (row_nodes >= low) & (row_nodes <= high)
+            if bool(group.any()):
+                groups.append(_small_clusters(flat[group], cluster[group], start[group], end[group], cl_doc))
+        small_clusters = tuple(groups)
     else:
         # one row per document: a cluster starts after the covered tokens of the earlier
         # clusters of its document
@@ -187,6 +191,9 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
 # clusters at once, instead of by the scan: a fixed number of batched ops instead of one
 # Python step per position. Trained models produce mostly such clusters.
 ENUMERATE_MAX_NODES = 8
+# Small clusters are enumerated in groups by node count, so that one 8-node cluster does not
+# make every 2-node cluster of the batch pay for 2^8 subsets.
+ENUMERATE_GROUPS = ((2, 4), (5, ENUMERATE_MAX_NODES))
 
 
 @functools.lru_cache(maxsize=None)
@@ -497,8 +504,7 @@ def _solve(
     if mode == "decode":
         marginals = node_scores.new_zeros(B * L * K)
         marginals[comp.single_index] = 1.0
-    if comp.small is not None:
-        small = comp.small
+    for small in comp.small:
         subsets = small.subsets.to(node_scores.dtype)
         slot_scores = flat_scores[small.grid_index] * small.present
         subset_scores = masked_fill_neg(slot_scores @ subsets.T, small.maximal)
