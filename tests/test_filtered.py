@@ -184,7 +184,7 @@ def test_gold_path_is_a_path_under_the_training_constraint(problem, gold_seed):
 
 
 def test_no_nan_for_empty_documents_single_tokens_and_empty_node_sets():
-    lengths = torch.tensor([0, 1, 5, 3])
+    # documents of length 0, 1, 5 (no node) and 3; nodes only inside their document
     B, L, K = 4, 5, 3
     scores = torch.randn((B, L, K), requires_grad=True)
     mask = torch.zeros((B, L, K), dtype=torch.bool)

@@ -27,7 +27,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .semiring import NEG, lse, logaddexp, masked_fill_neg
-from .spans import overlap_mask, span_mask, token_coverage
+from .spans import overlap_mask, span_mask
 
 
 # ----------------------------------------------------------------------------- node sets

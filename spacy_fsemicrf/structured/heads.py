@@ -31,7 +31,7 @@ from .semicrf import (
     semicrf_marginals,
     semicrf_viterbi,
 )
-from .semiring import NEG, masked_fill_neg
+from .semiring import masked_fill_neg
 from .spans import SpanFeaturizer, gold_label_grid, span_mask
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
