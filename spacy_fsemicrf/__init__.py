@@ -4,12 +4,20 @@
 Importing the package registers the ``fsemicrf_ner`` factory, the ``spacy-fsemicrf.*``
 architectures and the ``spacy-fsemicrf.ner_scorer.v1`` scorer (the entry points in setup.cfg
 make spaCy find them without an import).
-"""
-from .architectures import build_filtered_semicrf, build_linear_crf, build_semicrf
-from .component import FSemiCRFEntityRecognizer, make_fsemicrf_ner
-from .scorer import make_ner_scorer, ner_score
 
+``spacy_fsemicrf.structured`` needs only PyTorch: without spaCy installed, the package imports
+and the structured layer works; only the spaCy layer is missing.
+"""
 __version__ = "0.1.0"
+
+try:
+    import spacy  # noqa: F401
+except ImportError:  # the structured layer alone, for research use without spaCy
+    pass
+else:
+    from .architectures import build_filtered_semicrf, build_linear_crf, build_semicrf
+    from .component import FSemiCRFEntityRecognizer, make_fsemicrf_ner
+    from .scorer import make_ner_scorer, ner_score
 
 __all__ = [
     "FSemiCRFEntityRecognizer",

@@ -111,3 +111,26 @@ def test_filtered_head_validates_its_arguments():
     head = FilteredSemiCRFHead(D, M, max_width=2)
     with pytest.raises(ValueError, match="max_width"):
         head(torch.randn(1, 5, D), torch.tensor([5]), torch.tensor([[0, 0, 3, 1]]))
+
+
+def test_the_structured_layer_works_without_spacy():
+    """The structured layer is plain PyTorch: it imports and runs with spaCy and Thinc hidden."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['spacy'] = None\n"
+        "sys.modules['thinc'] = None\n"
+        "import torch\n"
+        "from spacy_fsemicrf.structured import FilteredSemiCRFHead\n"
+        "head = FilteredSemiCRFHead(8, 3, max_width=4, hidden_width=16)\n"
+        "X, lengths = torch.randn(2, 6, 8), torch.tensor([6, 3])\n"
+        "head(X, lengths, torch.tensor([[0, 1, 2, 1]])).backward()\n"
+        "spans, conf = head.eval()(X, lengths)\n"
+        "assert 'spacy_fsemicrf.component' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
