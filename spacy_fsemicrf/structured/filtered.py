@@ -7,19 +7,22 @@ Liang et al., 1991), scored by the sum of its nodes' scores plus, optionally, th
 ``T[prev, next]`` between consecutive nodes (``T`` is ``[C + 1, C + 1]``, row C = START,
 column C = END). The empty node set has the single empty path, of score 0.
 
-All algorithms run the position scan of DESIGN.md §2 on a *compacted* copy of the nodes:
+Every algorithm goes through one solver, ``_solve``, over a *compacted* copy of the nodes:
 
-1. Tokens that no node covers are dropped. The graph only depends on the order of node
-   boundaries, which dropping uncovered tokens preserves, so the paths are unchanged. After
-   it every position is covered, and then the predecessors of a node starting at ``s`` all end
-   in ``[s - 2K + 1, s - 1]``: the scan needs a window of ``2K - 1`` ends, not the whole prefix.
-2. Without transitions, the nodes split further into clusters: maximal runs of tokens chained
-   by overlapping nodes. Clusters do not overlap each other, so a maximal set of the document
-   is a union of maximal sets of its clusters: log Z adds up and Viterbi decodes each cluster
-   alone. A one-node cluster needs no scan at all (its node is on every path), and the scan
-   over the others runs for as many steps as the longest cluster, not the longest document.
+1. Without transitions, the nodes split into clusters: maximal runs of tokens chained by
+   overlapping nodes. Clusters do not overlap each other, so a maximal set of the document is
+   a union of maximal sets of its clusters: log Z adds up and Viterbi decodes each cluster
+   alone. With transitions, a whole document is one row.
+2. A one-node cluster needs no work (its node is on every path); clusters of up to
+   ``ENUMERATE_MAX_NODES`` nodes are solved exactly by enumerating their node subsets, all
+   clusters at once.
+3. The other rows get the position scan of DESIGN.md §2, with the tokens that no node covers
+   dropped: the graph only depends on the order of node boundaries, which dropping uncovered
+   tokens preserves, and then the predecessors of a node starting at ``s`` all end in
+   ``[s - 2K + 1, s - 1]``, so each step reads a window of ``2K - 1`` ends, not the prefix.
+   Marginals come from the scan of the rows and of the mirrored rows.
 
-The scan itself loops over positions only; everything else is batched tensor code.
+The scan loops over positions only; everything else is batched tensor code.
 """
 import functools
 from typing import NamedTuple, Optional, Tuple
@@ -197,12 +200,13 @@ ENUMERATE_GROUPS = ((2, 4), (5, ENUMERATE_MAX_NODES))
 
 
 @functools.lru_cache(maxsize=None)
-def _subset_tables(n: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``subsets [2^n, n]``: the bits of every subset of n slots; ``pairs_in [2^n, n(n-1)/2]``:
-    whether the subset holds both slots of each pair ``a < b`` (as floats, for a matmul)."""
+def _subset_tables(n: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``subsets [2^n, n]``: the bits of every subset of n slots; ``pairs [2, n(n-1)/2]``: the
+    slot pairs ``a < b``; ``pairs_in [2^n, n(n-1)/2]``: whether the subset holds both slots of
+    each pair (as floats, for a matmul)."""
     subsets = (torch.arange(2**n, device=device).unsqueeze(1) >> torch.arange(n, device=device)) & 1 == 1
-    a, b = torch.triu_indices(n, n, 1, device=device)
-    return subsets, (subsets[:, a] & subsets[:, b]).float()
+    pairs = torch.triu_indices(n, n, 1, device=device)
+    return subsets, pairs, (subsets[:, pairs[0]] & subsets[:, pairs[1]]).float()
 
 
 class SmallClusters(NamedTuple):
@@ -235,10 +239,9 @@ def _small_clusters(flat, node_row, start, end, row_doc) -> SmallClusters:
     overlap = (starts.unsqueeze(2) <= ends.unsqueeze(1)) & (starts.unsqueeze(1) <= ends.unsqueeze(2))
     overlap &= present.unsqueeze(1) & present.unsqueeze(2)
     overlap &= ~torch.eye(n, dtype=torch.bool, device=device)
-    subsets, pairs_in = _subset_tables(n, device)
-    a, b = torch.triu_indices(n, n, 1, device=device)
+    subsets, pairs, pairs_in = _subset_tables(n, device)
     # subset s holds two overlapping nodes of cluster r
-    conflict = (overlap[:, a, b].float() @ pairs_in.T) > 0
+    conflict = (overlap[:, pairs[0], pairs[1]].float() @ pairs_in.T) > 0
     # slot a of cluster r is a node that neither is in subset s nor overlaps one of its nodes
     blocked = (overlap.float().view(R * n, n) @ subsets.float().T).view(R, n, -1) > 0
     free = present.unsqueeze(-1) & ~subsets.T.unsqueeze(0) & ~blocked
@@ -456,8 +459,9 @@ def _reverse_rows(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _scan_marginals(
     scores: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, transitions: Optional[torch.Tensor]
-) -> torch.Tensor:
-    """Node marginals of scanned rows without autograd: ``exp(alpha + alpha' - phi - log Z)``.
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(log Z [N], node marginals [N, Lc, K])`` of scanned rows, without autograd:
+    a marginal is ``exp(alpha + alpha' - phi - log Z)``.
 
     ``alpha'`` is the forward scan of the mirrored rows (the reversed graph has the same paths),
     i.e. the outside score of each node including its own score. Two scans and no autograd
@@ -468,11 +472,11 @@ def _scan_marginals(
     t_rev = None if transitions is None else transitions.T
     backward = _scan(flip(scores), flip(mask), flip(labels), t_rev, False, keep_alpha=True)
     log_marginal = forward.alpha + flip(backward.alpha) - scores - forward.total.view(-1, 1, 1)
-    return torch.where(mask, log_marginal.clamp_max(0).exp(), 0.0)
+    return forward.total, torch.where(mask, log_marginal.clamp_max(0).exp(), 0.0)
 
 
 class _Solution(NamedTuple):
-    total: torch.Tensor  # [B]: log Z, or the best path's score
+    total: torch.Tensor  # [B]: log Z, or the best path's score when the best path is asked for
     chosen: Optional[torch.Tensor]  # [B, L, K] bool: the best path
     marginals: Optional[torch.Tensor]  # [B, L, K]: node marginals
 
@@ -484,37 +488,40 @@ def _solve(
     transitions: Optional[torch.Tensor],
     mode: str,
 ) -> _Solution:
-    """Solve every document: ``mode`` is "log_z", "viterbi" or "decode" (Viterbi + marginals).
+    """Solve every document; ``mode`` is "log_z", "viterbi", "marginals" or "decode" (Viterbi
+    and marginals from one compaction).
 
-    One-node clusters are on every path; small clusters are solved by enumeration (their
-    marginals are the softmax over their maximal sets); the rest are scanned, their marginals
-    taken by autograd through the log-space scan.
+    One-node clusters are on every path (marginal 1); small clusters are solved by enumeration
+    (their marginals are the softmax over their maximal sets); the rest are scanned (marginals
+    from a forward and a mirrored scan). Only "log_z" is differentiable: training takes its
+    gradient through the same code.
     """
     B, L, K = node_mask.shape
-    viterbi = mode != "log_z"
+    want_best = mode in ("viterbi", "decode")
+    want_marginals = mode in ("marginals", "decode")
     comp = compact(node_mask, by_cluster=transitions is None)
     flat_scores = node_scores.reshape(-1)
     totals = node_scores.new_zeros(B).index_add(
         0, comp.single_index // (L * K), flat_scores[comp.single_index]
     )
     chosen = marginals = None
-    if viterbi:
+    if want_best:
         chosen = torch.zeros(B * L * K, dtype=torch.bool, device=node_mask.device)
         chosen[comp.single_index] = True
-    if mode == "decode":
+    if want_marginals:
         marginals = node_scores.new_zeros(B * L * K)
         marginals[comp.single_index] = 1.0
     for small in comp.small:
         subsets = small.subsets.to(node_scores.dtype)
         slot_scores = flat_scores[small.grid_index] * small.present
         subset_scores = masked_fill_neg(slot_scores @ subsets.T, small.maximal)
-        if viterbi:
+        if want_best:
             best_score, best = subset_scores.max(1)
             totals = totals.index_add(0, small.row_doc, best_score)
             chosen[small.grid_index[small.subsets[best] & small.present]] = True
         else:
             totals = totals.index_add(0, small.row_doc, lse(subset_scores, 1))
-        if mode == "decode":
+        if want_marginals:
             slot_marginals = torch.softmax(subset_scores, 1) @ subsets
             marginals[small.grid_index[small.present]] = slot_marginals[small.present]
     labels = node_labels if node_labels is not None else torch.zeros_like(node_mask, dtype=torch.long)
@@ -522,19 +529,29 @@ def _solve(
         scan_scores = _to_scan_grid(node_scores, block, K, NEG)
         scan_mask = _to_scan_grid(node_mask, block, K, False)
         scan_labels = _to_scan_grid(labels * node_mask, block, K, 0)
-        result = _scan(scan_scores, scan_mask, scan_labels, transitions, viterbi)
-        totals = totals.index_add(0, block.row_doc, result.total)
-        if viterbi:
-            picked = result.best_nodes.reshape(-1)[block.scan_index]
-            chosen[block.grid_index[picked]] = True
-        if mode == "decode":
-            block_marginals = _scan_marginals(scan_scores, scan_mask, scan_labels, transitions)
+        if want_marginals:
+            log_z, block_marginals = _scan_marginals(scan_scores, scan_mask, scan_labels, transitions)
             marginals[block.grid_index] = block_marginals.reshape(-1)[block.scan_index]
+        if want_best:
+            result = _scan(scan_scores, scan_mask, scan_labels, transitions, True)
+            totals = totals.index_add(0, block.row_doc, result.total)
+            chosen[block.grid_index[result.best_nodes.reshape(-1)[block.scan_index]]] = True
+        elif want_marginals:
+            totals = totals.index_add(0, block.row_doc, log_z)
+        else:
+            log_z = _scan(scan_scores, scan_mask, scan_labels, transitions, False).total
+            totals = totals.index_add(0, block.row_doc, log_z)
     return _Solution(
         totals,
         None if chosen is None else chosen.view(B, L, K),
         None if marginals is None else marginals.view(B, L, K),
     )
+
+
+def _solve_no_grad(node_scores, node_mask, node_labels, transitions, mode: str) -> _Solution:
+    with torch.no_grad():
+        node_scores = masked_fill_neg(node_scores, node_mask)
+        return _solve(node_scores, node_mask, node_labels, transitions, mode)
 
 
 def filtered_log_partition(
@@ -543,7 +560,8 @@ def filtered_log_partition(
     node_labels: Optional[torch.Tensor] = None,
     transitions: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``log Z`` per document, ``[B]``: logsumexp of the scores of all maximal paths."""
+    """``log Z`` per document, ``[B]``: logsumexp of the scores of all maximal paths
+    (differentiable: its gradient with respect to the node scores is the node marginals)."""
     node_scores = masked_fill_neg(node_scores, node_mask)
     return _solve(node_scores, node_mask, node_labels, transitions, "log_z").total
 
@@ -555,10 +573,18 @@ def filtered_viterbi(
     transitions: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The best path: ``(chosen BoolTensor[B, L, K], best score [B])``."""
-    with torch.no_grad():
-        node_scores = masked_fill_neg(node_scores, node_mask)
-        solution = _solve(node_scores, node_mask, node_labels, transitions, "viterbi")
+    solution = _solve_no_grad(node_scores, node_mask, node_labels, transitions, "viterbi")
     return solution.chosen, solution.total
+
+
+def filtered_marginals(
+    node_scores: torch.Tensor,
+    node_mask: torch.Tensor,
+    node_labels: Optional[torch.Tensor] = None,
+    transitions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``[B, L, K]``: the probability that each node is on the path (0 for non-nodes)."""
+    return _solve_no_grad(node_scores, node_mask, node_labels, transitions, "marginals").marginals
 
 
 def filtered_decode(
@@ -569,29 +595,8 @@ def filtered_decode(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The best path and every node's marginal, ``(chosen [B, L, K], marginals [B, L, K])``,
     sharing one compaction (what a pipeline needs at prediction time)."""
-    with torch.no_grad():
-        node_scores = masked_fill_neg(node_scores, node_mask)
-        solution = _solve(node_scores, node_mask, node_labels, transitions, "decode")
+    solution = _solve_no_grad(node_scores, node_mask, node_labels, transitions, "decode")
     return solution.chosen, solution.marginals
-
-
-def filtered_marginals(
-    node_scores: torch.Tensor,
-    node_mask: torch.Tensor,
-    node_labels: Optional[torch.Tensor] = None,
-    transitions: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """``[B, L, K]``: the probability that each node is on the path (0 for non-nodes).
-
-    The gradient of ``log Z`` with respect to the node scores; works under ``torch.no_grad()``.
-    """
-    with torch.enable_grad():
-        scores = node_scores.detach().requires_grad_(True)
-        log_z = filtered_log_partition(scores, node_mask, node_labels, transitions)
-        (grad,) = torch.autograd.grad(log_z.sum(), scores, allow_unused=True)
-    if grad is None:
-        grad = torch.zeros_like(scores)
-    return grad * node_mask
 
 
 def path_score(
