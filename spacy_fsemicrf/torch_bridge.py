@@ -259,10 +259,13 @@ def _loss(model: Model, Xs, lengths, gold, is_train: bool):
     args = _to_torch_args(model, Xs, lengths, gold, is_train)
     shim: PyTorchShim = model.shims[0]
     loss_t, torch_backprop = shim(args, is_train)
+    # Shape [1], not []: Thinc's gradient scaler (mixed precision) multiplies the gradient in
+    # place by its [1]-shaped scale, which a 0-d tensor cannot hold.
+    loss_t = loss_t.reshape(1)
     loss = float(loss_t.detach().float().cpu())
 
     def backprop(d_loss) -> List[Floats2d]:
-        d_loss_t = loss_t.detach().new_full((), float(d_loss))
+        d_loss_t = loss_t.detach().new_full((1,), float(d_loss))
         grads = ArgsKwargs(args=((loss_t,),), kwargs={"grad_tensors": (d_loss_t,)})
         d_args = torch_backprop(grads)
         dXt = d_args.args[0]

@@ -1,0 +1,85 @@
+"""The filtered semi-CRF and the three heads on a CUDA device give the CPU's results.
+
+Skipped without a CUDA device (CI has none); run on a GPU machine with
+``python -m pytest tests/test_cuda.py``.
+"""
+import pytest
+import torch
+
+from spacy_fsemicrf.structured.filtered import (
+    filtered_decode,
+    filtered_log_partition,
+    filtered_viterbi,
+)
+from spacy_fsemicrf.structured.heads import HEADS
+
+from .test_filtered import random_nodes
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize("with_transitions", [False, True])
+@pytest.mark.parametrize("density", [0.05, 0.4])  # mostly enumerated / mostly scanned clusters
+def test_filtered_on_cuda_matches_cpu(with_transitions, density):
+    lengths, mask, scores, labels, transitions = random_nodes(5, 8, 60, 5, 4, density)
+    T = transitions if with_transitions else None
+    cuda = lambda x: None if x is None else x.cuda()  # noqa: E731
+    results = []
+    for move in (lambda x: x, cuda):
+        s = move(scores).clone().requires_grad_()
+        log_z = filtered_log_partition(s, move(mask), move(labels), move(T))
+        log_z.sum().backward()
+        chosen, best = filtered_viterbi(move(scores), move(mask), move(labels), move(T))
+        _, marginals = filtered_decode(move(scores), move(mask), move(labels), move(T))
+        results.append([x.cpu() for x in (log_z.detach(), s.grad, chosen, best, marginals)])
+    cpu, gpu = results
+    assert torch.equal(cpu[2], gpu[2])
+    for a, b in zip(cpu[:2] + cpu[3:], gpu[:2] + gpu[3:]):
+        assert torch.allclose(a, b, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_heads_on_cuda_match_cpu(name):
+    torch.manual_seed(0)
+    head = HEADS[name](8, 3, max_width=4, hidden_width=16).eval()
+    X, lengths = torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
+    gold = torch.tensor([[0, 1, 2, 1], [0, 5, 5, 3], [1, 0, 3, 2]])
+    if name == "filtered":  # let the local classifier keep spans, so that there is a graph
+        with torch.no_grad():
+            head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
+    loss_cpu = head(X, lengths, gold)
+    spans_cpu, conf_cpu = head(X, lengths)
+    head_gpu = head.cuda()
+    loss_gpu = head_gpu(X.cuda(), lengths.cuda(), gold.cuda())
+    spans_gpu, conf_gpu = head_gpu(X.cuda(), lengths.cuda())
+    assert loss_gpu.device.type == "cuda"
+    assert torch.allclose(loss_cpu, loss_gpu.cpu(), rtol=1e-4, atol=1e-4)
+    loss_gpu.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in head_gpu.parameters())
+    assert torch.equal(spans_cpu, spans_gpu.cpu())
+    assert torch.allclose(conf_cpu, conf_gpu.cpu(), atol=1e-4)
+
+
+@pytest.mark.parametrize("mixed_precision", [False, True])
+def test_component_trains_and_predicts_on_the_gpu(mixed_precision):
+    """The spaCy component through Thinc's GPU ops (needs CuPy): the shim puts the head on the
+    GPU, the loss falls, and the entities come out as on the CPU."""
+    pytest.importorskip("cupy")
+    spacy = pytest.importorskip("spacy")
+    from thinc.api import get_current_ops, require_gpu, use_ops
+
+    from .conftest import TRAIN_DATA, gold_set, make_examples, model_config, predicted_set, train_pipeline
+
+    require_gpu()
+    try:
+        nlp = spacy.blank("en")
+        nlp.add_pipe("fsemicrf_ner", config={"model": model_config(mixed_precision=mixed_precision)})
+        losses = train_pipeline(nlp, make_examples(nlp), n_iter=30)
+        assert type(get_current_ops()).__name__ == "CupyOps"
+        head = nlp.get_pipe("fsemicrf_ner").model.get_ref("head")
+        assert next(head.shims[0]._model.parameters()).device.type == "cuda"
+        assert losses[-1] < 0.1 * losses[0], losses
+        docs = list(nlp.pipe([text for text, _ in TRAIN_DATA]))
+        assert predicted_set(docs) == gold_set(nlp)
+    finally:
+        use_ops("numpy")
