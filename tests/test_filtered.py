@@ -267,3 +267,23 @@ def test_inference_nodes_are_the_non_null_local_argmax():
     expected = (local.argmax(-1) > 0) & span_mask(lengths, 6, 3)
     assert torch.equal(mask, expected)
     assert torch.equal(labels[mask], local.argmax(-1)[mask])
+
+
+@pytest.mark.parametrize("with_transitions", [False, True])
+def test_scores_off_the_nodes_are_never_read(with_transitions):
+    """NaN and inf off the nodes change nothing (empty enumeration slots and scan padding
+    must not read them), for log Z and its gradient, Viterbi and the marginals."""
+    lengths, mask, scores, labels, transitions = random_nodes(11, 6, 25, 4, 4, 0.3)
+    T = transitions if with_transitions else None
+    dirty = scores.clone()
+    dirty[~mask] = float("nan")
+    dirty[~mask & (torch.rand(mask.shape) < 0.5)] = float("inf")
+    clean_s, dirty_s = scores.clone().requires_grad_(), dirty.clone().requires_grad_()
+    log_z = filtered_log_partition(clean_s, mask, labels, T)
+    log_z_dirty = filtered_log_partition(dirty_s, mask, labels, T)
+    assert torch.allclose(log_z, log_z_dirty)
+    log_z.sum().backward()
+    log_z_dirty.sum().backward()
+    assert torch.allclose(clean_s.grad, dirty_s.grad)
+    assert torch.equal(filtered_viterbi(scores, mask, labels, T)[0], filtered_viterbi(dirty, mask, labels, T)[0])
+    assert torch.allclose(filtered_decode(scores, mask, labels, T)[1], filtered_decode(dirty, mask, labels, T)[1])

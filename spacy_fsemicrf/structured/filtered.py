@@ -27,6 +27,7 @@ The scan loops over positions only; everything else is batched tensor code.
 import functools
 from typing import NamedTuple, Optional, Tuple
 
+import numpy
 import torch
 
 from .semiring import NEG, lse, logaddexp, masked_fill_neg
@@ -127,67 +128,88 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
     contiguous run of tokens, so node positions relative to the cluster start are already
     compact. Rows are right-aligned in their block's scan grid, so that every row ends at the
     last position, where the scan reads END.
+
+    This is bookkeeping on a short list of integers (about one node per entity for a trained
+    model), so it runs in NumPy on the host: a NumPy call costs about a microsecond where a
+    PyTorch op costs several, and decoding a batch is dominated by such fixed costs. The
+    scores never leave their device; only the node list and the index tensors cross.
     """
     B, L, K = node_mask.shape
-    doc, start, width = node_mask.nonzero(as_tuple=True)
+    device = node_mask.device
+    nodes = node_mask.nonzero().cpu().numpy()
+    doc, start, width = nodes[:, 0], nodes[:, 1], nodes[:, 2]
     end = start + width
     flat = (doc * L + start) * K + width
-    if doc.numel() == 0:
-        return Compaction((), flat, ())
+    if doc.size == 0:
+        return Compaction((), _to_device(flat, device), ())
     offset = doc * (L + 1)  # keeps documents apart in the running maximum
-    reach = (offset + end).cummax(0).values
-    opens = torch.ones_like(doc, dtype=torch.bool)
+    reach = numpy.maximum.accumulate(offset + end)
+    opens = numpy.empty(doc.size, dtype=bool)
+    opens[0] = True
     opens[1:] = offset[1:] + start[1:] > reach[:-1]
-    cluster = opens.long().cumsum(0) - 1
-    n_clusters = int(cluster[-1].item()) + 1
-    cl_start, cl_doc = start[opens], doc[opens]
-    cl_end = cl_start.scatter_reduce(0, cluster, end, "amax")
+    cluster = opens.cumsum() - 1
+    first_node = opens.nonzero()[0]
+    cl_start, cl_doc = start[first_node], doc[first_node]
+    cl_end = numpy.maximum.reduceat(end, first_node)  # a cluster's nodes are contiguous
     cl_len = cl_end - cl_start + 1
     rel_start = start - cl_start[cluster]
-    single = torch.zeros_like(opens)
-    small = torch.zeros_like(opens)
+    single = small = numpy.zeros(opens.size, dtype=bool)
     small_clusters = ()
     if by_cluster:
         node_row, row_len, row_doc = cluster, cl_len, cl_doc
-        row_nodes = torch.bincount(cluster, minlength=n_clusters)[cluster]
+        row_nodes = numpy.bincount(cluster)[cluster]
         single = row_nodes == 1
         small = (row_nodes > 1) & (row_nodes <= ENUMERATE_MAX_NODES)
         groups = []
-        for low, high in ENUMERATE_GROUPS:
+        n_small = int(numpy.count_nonzero(small & opens))
+        widest = int(row_nodes[small].max()) if n_small else 0
+        # one group while the padding to the widest cluster is cheaper than another group's
+        # fixed cost of a few dozen calls
+        one_group = n_small << widest <= ENUMERATE_ONE_GROUP_CELLS
+        for low, high in ((2, ENUMERATE_MAX_NODES),) if one_group else ENUMERATE_GROUPS:
             group = small & (row_nodes >= low) & (row_nodes <= high)
-            if bool(group.any()):
-                groups.append(_small_clusters(flat[group], cluster[group], start[group], end[group], cl_doc))
+            if group.any():
+                n = int(row_nodes[group].max())
+                groups.append(_small_clusters(
+                    flat[group], cluster[group], start[group], end[group], cl_doc, n, device
+                ))
         small_clusters = tuple(groups)
     else:
         # one row per document: a cluster starts after the covered tokens of the earlier
         # clusters of its document
-        first_of_doc = torch.ones_like(cl_doc, dtype=torch.bool)
+        first_of_doc = numpy.ones(cl_doc.size, dtype=bool)
         first_of_doc[1:] = cl_doc[1:] != cl_doc[:-1]
-        before = cl_len.cumsum(0) - cl_len
-        doc_base = torch.where(first_of_doc, before, -1).cummax(0).values
+        before = cl_len.cumsum() - cl_len
+        doc_base = numpy.maximum.accumulate(numpy.where(first_of_doc, before, -1))
         rel_start = rel_start + (before - doc_base)[cluster]
-        cl_row = first_of_doc.long().cumsum(0) - 1
+        cl_row = first_of_doc.cumsum() - 1
         node_row = cl_row[cluster]
         row_doc = cl_doc[first_of_doc]
-        row_len = torch.zeros_like(row_doc).index_add(0, cl_row, cl_len)
+        row_len = numpy.bincount(cl_row, weights=cl_len).astype(numpy.int64)
     scanned = ~single & ~small
-    if not bool(scanned.any()):  # the usual case for a trained model: nothing to scan
-        return Compaction((), flat[single], small_clusters)
-    n_rows = row_len.numel()
-    row_block = _length_blocks(row_len, torch.bincount(node_row[scanned], minlength=n_rows) > 0)
-    node_block = torch.where(scanned, row_block[node_row], -1)
+    single_index = _to_device(flat[single], device)
+    if not scanned.any():  # the usual case for a trained model: nothing to scan
+        return Compaction((), single_index, small_clusters)
+    has_scan = numpy.bincount(node_row[scanned], minlength=row_len.size) > 0
+    node_block = numpy.where(scanned, _length_blocks(row_len, has_scan)[node_row], -1)
     blocks = []
-    for b in torch.unique(node_block).tolist():
-        if b < 0:
-            continue
+    for b in numpy.unique(node_block[scanned]).tolist():
         in_block = node_block == b
-        rows = torch.unique(node_row[in_block])  # sorted
-        length = int(row_len[rows].max().item())
-        new_row = torch.searchsorted(rows, node_row[in_block])
+        rows = numpy.unique(node_row[in_block])  # sorted
+        length = int(row_len[rows].max())
+        new_row = numpy.searchsorted(rows, node_row[in_block])
         pad = length - row_len[node_row[in_block]]
         scan_index = (new_row * length + rel_start[in_block] + pad) * K + width[in_block]
-        blocks.append(ScanBlock(flat[in_block], scan_index, row_doc[rows], rows.numel(), length))
-    return Compaction(tuple(blocks), flat[single], small_clusters)
+        blocks.append(ScanBlock(
+            *(_to_device(x, device) for x in (flat[in_block], scan_index, row_doc[rows])),
+            rows.size, length,
+        ))
+    return Compaction(tuple(blocks), single_index, small_clusters)
+
+
+def _to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
+    out = torch.from_numpy(numpy.ascontiguousarray(x))
+    return out if device.type == "cpu" else out.to(device)
 
 
 # Clusters of at most this many nodes are solved by enumerating their 2^n node subsets, all
@@ -197,16 +219,18 @@ ENUMERATE_MAX_NODES = 8
 # Small clusters are enumerated in groups by node count, so that one 8-node cluster does not
 # make every 2-node cluster of the batch pay for 2^8 subsets.
 ENUMERATE_GROUPS = ((2, 4), (5, ENUMERATE_MAX_NODES))
+# ... unless (clusters x subsets of the widest) stays below this: then one group is cheaper.
+ENUMERATE_ONE_GROUP_CELLS = 1 << 15
 
 
 @functools.lru_cache(maxsize=None)
-def _subset_tables(n: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _subset_tables(n: int) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
     """``subsets [2^n, n]``: the bits of every subset of n slots; ``pairs [2, n(n-1)/2]``: the
     slot pairs ``a < b``; ``pairs_in [2^n, n(n-1)/2]``: whether the subset holds both slots of
     each pair (as floats, for a matmul)."""
-    subsets = (torch.arange(2**n, device=device).unsqueeze(1) >> torch.arange(n, device=device)) & 1 == 1
-    pairs = torch.triu_indices(n, n, 1, device=device)
-    return subsets, pairs, (subsets[:, pairs[0]] & subsets[:, pairs[1]]).float()
+    subsets = (numpy.arange(2**n)[:, None] >> numpy.arange(n)) & 1 == 1
+    pairs = numpy.stack(numpy.triu_indices(n, 1))
+    return subsets, pairs, (subsets[:, pairs[0]] & subsets[:, pairs[1]]).astype(numpy.float32)
 
 
 class SmallClusters(NamedTuple):
@@ -224,30 +248,39 @@ class SmallClusters(NamedTuple):
     maximal: torch.Tensor
 
 
-def _small_clusters(flat, node_row, start, end, row_doc) -> SmallClusters:
-    device = flat.device
-    rows, node_cluster = torch.unique(node_row, return_inverse=True)  # nodes stay in row order
-    counts = torch.bincount(node_cluster)
-    first = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(flat.numel(), device=device) - first[node_cluster]
-    R, n = rows.numel(), int(counts.max())
-    grid_index = flat.new_zeros((R, n)).index_put((node_cluster, slot), flat)
-    present = torch.zeros((R, n), dtype=torch.bool, device=device)
+def _small_clusters(flat, node_row, start, end, row_doc, n: int, device: torch.device) -> SmallClusters:
+    """Slot tables and maximal sets of the clusters of ``node_row`` (NumPy arrays of the nodes,
+    sorted by cluster; ``n`` nodes in the largest)."""
+    # the nodes of a cluster are contiguous (numpy.unique would cost more than all the rest)
+    opens = numpy.ones(node_row.size, dtype=bool)
+    opens[1:] = node_row[1:] != node_row[:-1]
+    first = opens.nonzero()[0]
+    rows, node_cluster = node_row[first], opens.cumsum() - 1
+    slot = numpy.arange(flat.size) - first[node_cluster]
+    R = rows.size
+    grid_index = numpy.zeros((R, n), dtype=flat.dtype)
+    grid_index[node_cluster, slot] = flat
+    present = numpy.zeros((R, n), dtype=bool)
     present[node_cluster, slot] = True
-    starts = start.new_zeros((R, n)).index_put((node_cluster, slot), start)
-    ends = end.new_full((R, n), -1).index_put((node_cluster, slot), end)
-    overlap = (starts.unsqueeze(2) <= ends.unsqueeze(1)) & (starts.unsqueeze(1) <= ends.unsqueeze(2))
-    overlap &= present.unsqueeze(1) & present.unsqueeze(2)
-    overlap &= ~torch.eye(n, dtype=torch.bool, device=device)
-    subsets, pairs, pairs_in = _subset_tables(n, device)
-    # subset s holds two overlapping nodes of cluster r
-    conflict = (overlap[:, pairs[0], pairs[1]].float() @ pairs_in.T) > 0
-    # slot a of cluster r is a node that neither is in subset s nor overlaps one of its nodes
-    blocked = (overlap.float().view(R * n, n) @ subsets.float().T).view(R, n, -1) > 0
-    free = present.unsqueeze(-1) & ~subsets.T.unsqueeze(0) & ~blocked
-    absent = (subsets.float() @ (~present).float().T).T > 0  # uses an empty slot
-    maximal = ~conflict & ~absent & ~free.any(1)
-    return SmallClusters(grid_index, present, row_doc[rows], subsets, maximal)
+    starts = numpy.zeros((R, n), dtype=start.dtype)
+    starts[node_cluster, slot] = start
+    ends = numpy.empty((R, n), dtype=end.dtype)
+    ends.fill(-1)
+    ends[node_cluster, slot] = end
+    overlap = (starts[:, :, None] <= ends[:, None, :]) & (starts[:, None, :] <= ends[:, :, None])
+    subsets, pairs, pairs_in = _subset_tables(n)
+    # subset s holds two overlapping nodes of cluster r (a node overlaps itself, so only
+    # the pairs a < b are read; empty slots start at 0 and end at -1: they overlap nothing)
+    conflict = (overlap[:, pairs[0], pairs[1]].astype(numpy.float32) @ pairs_in.T) > 0
+    # covered[r, a, s]: slot a is in subset s or overlaps one of its nodes; an empty slot
+    # counts as covered by any non-empty subset, so that only real nodes can be left free
+    overlap[~present] = True
+    covered = (overlap.reshape(R * n, n).astype(numpy.float32) @ subsets.T.astype(numpy.float32)) > 0
+    absent = (subsets.astype(numpy.float32) @ (~present).astype(numpy.float32).T).T > 0  # empty slot
+    maximal = ~conflict & ~absent & covered.reshape(R, n, -1).all(1)
+    return SmallClusters(
+        *(_to_device(x, device) for x in (grid_index, present, row_doc[rows], subsets, maximal))
+    )
 
 
 # A scan step costs about as much as this many rows of work inside a step (dispatch overhead
@@ -255,12 +288,13 @@ def _small_clusters(flat, node_row, start, end, row_doc) -> SmallClusters:
 STEP_COST_IN_ROWS = 256
 
 
-def _length_blocks(row_len: torch.Tensor, scanned: torch.Tensor) -> torch.Tensor:
-    """Block id of each row: rows of length in (2^(b-1), 2^b] start in block b; a shorter block
-    is then merged into the next longer one while that saves more padded row-steps than the
-    scan steps it adds."""
-    block = torch.ceil(torch.log2(row_len.clamp_min(1).double())).long()
-    ids = torch.unique(block[scanned]).tolist()
+def _length_blocks(row_len, scanned) -> numpy.ndarray:
+    """Block id of each row (``row_len`` and ``scanned`` are arrays over the rows): rows of
+    length in (2^(b-1), 2^b] start in block b; a shorter block is then merged into the next
+    longer one while that saves more padded row-steps than the scan steps it adds."""
+    row_len, scanned = numpy.asarray(row_len), numpy.asarray(scanned)
+    block = numpy.ceil(numpy.log2(numpy.maximum(row_len, 1))).astype(numpy.int64)
+    ids = numpy.unique(block[scanned]).tolist()
     if len(ids) < 2:
         return block
     counts = {b: int(((block == b) & scanned).sum()) for b in ids}
@@ -274,7 +308,7 @@ def _length_blocks(row_len: torch.Tensor, scanned: torch.Tensor) -> torch.Tensor
             counts[target] += counts[small]
         else:
             merged_into[small] = small
-    lookup = block.clone()
+    lookup = block.copy()
     for small, target in merged_into.items():
         lookup[block == small] = target
     return lookup
@@ -491,6 +525,7 @@ def _solve(
     """Solve every document; ``mode`` is "log_z", "viterbi", "marginals" or "decode" (Viterbi
     and marginals from one compaction).
 
+    Only the scores of the nodes are read: the rest of ``node_scores`` may hold anything.
     One-node clusters are on every path (marginal 1); small clusters are solved by enumeration
     (their marginals are the softmax over their maximal sets); the rest are scanned (marginals
     from a forward and a mirrored scan). Only "log_z" is differentiable: training takes its
@@ -513,7 +548,7 @@ def _solve(
         marginals[comp.single_index] = 1.0
     for small in comp.small:
         subsets = small.subsets.to(node_scores.dtype)
-        slot_scores = flat_scores[small.grid_index] * small.present
+        slot_scores = torch.where(small.present, flat_scores[small.grid_index], 0.0)
         subset_scores = masked_fill_neg(slot_scores @ subsets.T, small.maximal)
         if want_best:
             best_score, best = subset_scores.max(1)
@@ -550,7 +585,6 @@ def _solve(
 
 def _solve_no_grad(node_scores, node_mask, node_labels, transitions, mode: str) -> _Solution:
     with torch.no_grad():
-        node_scores = masked_fill_neg(node_scores, node_mask)
         return _solve(node_scores, node_mask, node_labels, transitions, mode)
 
 
@@ -562,7 +596,6 @@ def filtered_log_partition(
 ) -> torch.Tensor:
     """``log Z`` per document, ``[B]``: logsumexp of the scores of all maximal paths
     (differentiable: its gradient with respect to the node scores is the node marginals)."""
-    node_scores = masked_fill_neg(node_scores, node_mask)
     return _solve(node_scores, node_mask, node_labels, transitions, "log_z").total
 
 
