@@ -33,10 +33,11 @@ def build_filtered_semicrf(
     tok2vec: Model[List[Doc], List[Floats2d]],
     max_width: int = 10,
     hidden_width: int = 128,
-    span_repr: str = "sum",
+    span_repr: str = "sum_endpoints",
     transitions: bool = False,
     null_weight: float = 0.5,
     dropout: float = 0.1,
+    hidden_depth: int = 1,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -44,10 +45,12 @@ def build_filtered_semicrf(
 
     max_width (int): widest entity in tokens (K); wider gold entities are left out of training.
     hidden_width (int): width of the span representation.
-    span_repr (str): span featurizer, e.g. "endpoints" ([h_i; h_j; width]) or a pooling.
+    span_repr (str): span featurizer: "endpoints" ([h_i; h_j; width]), a pooling ("sum",
+        "mean", "max") or "sum_endpoints" (sum pooling plus the boundary tokens).
     transitions (bool): add label-transition scores between consecutive nodes.
     null_weight (float): weight of the null spans in the local loss (beta).
     dropout (float): dropout inside the head.
+    hidden_depth (int): hidden layers over each span (the featurizer is the first).
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -58,6 +61,7 @@ def build_filtered_semicrf(
         transitions=transitions,
         null_weight=null_weight,
         dropout=dropout,
+        hidden_depth=hidden_depth,
     )
     return build_structured_model(
         "FilteredSemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,
@@ -70,19 +74,22 @@ def build_semicrf(
     tok2vec: Model[List[Doc], List[Floats2d]],
     max_width: int = 10,
     hidden_width: int = 128,
-    span_repr: str = "sum",
+    span_repr: str = "sum_endpoints",
     transitions: bool = True,
     dropout: float = 0.1,
+    hidden_depth: int = 1,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
-    """Exact Semi-Markov CRF baseline (every segmentation into segments of width 1..K)."""
+    """Exact Semi-Markov CRF baseline (every segmentation into segments of width 1..K); the
+    span scorer takes the settings of ``FilteredSemiCRF.v1``."""
     kwargs = dict(
         max_width=max_width,
         hidden_width=hidden_width,
         span_repr=span_repr,
         transitions=transitions,
         dropout=dropout,
+        hidden_depth=hidden_depth,
     )
     return build_structured_model(
         "SemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,

@@ -33,10 +33,11 @@ default_model_config = """
 @architectures = "spacy-fsemicrf.FilteredSemiCRF.v1"
 max_width = 10
 hidden_width = 128
-span_repr = "sum"
+span_repr = "sum_endpoints"
 transitions = false
 null_weight = 0.5
 dropout = 0.1
+hidden_depth = 1
 mixed_precision = false
 grad_scaler = null
 

@@ -90,7 +90,8 @@ def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch):
         monkeypatch.setattr(heads_module, "PREDICT_BLOCK", 64)
         blocked = head(X, lengths)
     assert torch.equal(whole[0], blocked[0])
-    assert torch.allclose(whole[1], blocked[1], atol=1e-5)
+    # float32 prefix sums taken from different origins round differently
+    assert torch.allclose(whole[1], blocked[1], atol=1e-4)
 
 
 def test_filtered_node_marginals_are_probabilities_of_kept_spans():
@@ -108,9 +109,22 @@ def test_filtered_node_marginals_are_probabilities_of_kept_spans():
 def test_filtered_head_validates_its_arguments():
     with pytest.raises(ValueError, match="null_weight"):
         FilteredSemiCRFHead(D, M, null_weight=0.0)
+    with pytest.raises(ValueError, match="hidden_depth"):
+        FilteredSemiCRFHead(D, M, hidden_depth=0)
     head = FilteredSemiCRFHead(D, M, max_width=2)
     with pytest.raises(ValueError, match="max_width"):
         head(torch.randn(1, 5, D), torch.tensor([5]), torch.tensor([[0, 0, 3, 1]]))
+
+
+@pytest.mark.parametrize("name", ["filtered", "semicrf"])
+def test_deeper_span_scorer_trains_every_layer(name):
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=3, hidden_depth=3)
+    assert len(head.scorer.hidden) == 2
+    loss = head(torch.randn(2, 7, D), torch.tensor([7, 5]), torch.tensor([[0, 1, 2, 1], [1, 0, 0, 2]]))
+    loss.backward()
+    assert all(layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+               for layer in head.scorer.hidden)
 
 
 def test_the_structured_layer_works_without_spacy():

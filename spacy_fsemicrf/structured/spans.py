@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-SPAN_REPRS = ("endpoints", "sum", "mean", "max")
+SPAN_REPRS = ("endpoints", "sum", "mean", "max", "sum_endpoints")
 
 
 def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tensor:
@@ -103,6 +103,8 @@ class SpanFeaturizer(nn.Module):
     then the nonlinearity. Projecting before pooling is exact for sum and mean (linearity) and
     keeps the pooled tensor H wide instead of D wide; sums are differences of prefix sums over
     the tokens, one subtraction per span.
+    ``sum_endpoints``: both, ``relu(W_s h_i + W_e h_j + sum_t W_p h_t + width_emb(j - i))``: the
+    boundary tokens get their own weights on top of the pooled content.
 
     The ``[B, L, K, H]`` tensor is the largest in the model, so it is built with as few passes
     as possible (one out-of-place op, then in-place ones) and with ReLU, which costs a fraction
@@ -119,7 +121,7 @@ class SpanFeaturizer(nn.Module):
             raise ValueError(f"max_width must be >= 1, got {max_width}")
         self.span_repr = span_repr
         self.max_width = max_width
-        n_proj = 2 if span_repr == "endpoints" else 1
+        n_proj = {"endpoints": 2, "sum_endpoints": 3}.get(span_repr, 1)
         self.token_proj = nn.Linear(input_width, n_proj * hidden_width)
         self.width_emb = nn.Parameter(torch.zeros(max_width, hidden_width))
         nn.init.normal_(self.width_emb, std=0.02)
@@ -130,10 +132,16 @@ class SpanFeaturizer(nn.Module):
         if self.span_repr == "endpoints":
             start, end = proj.chunk(2, dim=-1)
             pooled = torch.add(window_view(end, K), start.unsqueeze(2))
-        elif self.span_repr in ("sum", "mean"):
+        elif self.span_repr in ("sum", "mean", "sum_endpoints"):
+            start = end = None
+            if self.span_repr == "sum_endpoints":
+                start, end, proj = proj.chunk(3, dim=-1)
             # prefix[t] = sum of proj[:t]; span i..i+w sums to prefix[i+w+1] - prefix[i]
             prefix = torch.nn.functional.pad(proj.cumsum(1), (0, 0, 1, 0))
-            pooled = torch.sub(window_view(prefix[:, 1:], K), prefix[:, :L].unsqueeze(2))
+            right, left = prefix[:, 1:], prefix[:, :L]
+            if start is not None:  # the boundary terms fold into the two per-token terms
+                right, left = right + end, left - start
+            pooled = torch.sub(window_view(right, K), left.unsqueeze(2))
             if self.span_repr == "mean":
                 widths = torch.arange(1, K + 1, device=x.device, dtype=proj.dtype)
                 pooled.div_(widths.view(1, 1, -1, 1))
