@@ -1,0 +1,148 @@
+"""Train several pipelines in parallel, one CPU thread each, and score each model-best on dev
+and test: for hyperparameter sweeps and multi-seed comparisons.
+
+    python scripts/sweep.py benchmarks/sweeps/head_variants.json --workers 14 \
+        --output training/sweep --results benchmarks/results/sweeps/head_variants
+
+The jobs file is a JSON list of ``{"name": ..., "config": ..., "overrides": {...}}``; the
+overrides are spaCy config overrides (``"components.fsemicrf_ner.model.hidden_width": 256``)
+added to ``--paths.train/--paths.dev`` and ``defaults`` (a top-level ``{"defaults": {...},
+"jobs": [...]}`` form is accepted too). Each job runs ``scripts/train.py`` (its log and summary
+land in OUTPUT/NAME), then ``spacy evaluate`` on the test set. Writes RESULTS.json and RESULTS.md
+with dev and test F1 per job, and the mean and spread per job group (the name up to ``@``, so
+``fsemicrf@seed1`` and ``fsemicrf@seed2`` form the group ``fsemicrf``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, List
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from train import thread_env  # noqa: E402
+
+
+def load_jobs(path: Path) -> List[Dict[str, Any]]:
+    data = json.loads(path.read_text())
+    defaults: Dict[str, Any] = {}
+    if isinstance(data, dict):
+        defaults, data = data.get("defaults", {}), data["jobs"]
+    jobs = []
+    for job in data:
+        overrides = {**defaults, **job.get("overrides", {})}
+        jobs.append({"name": job["name"], "config": job["config"], "overrides": overrides})
+    names = [job["name"] for job in jobs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate job names in {path}")
+    return jobs
+
+
+def run_job(job: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
+    out = args.output / job["name"]
+    flags = []
+    for key, value in job["overrides"].items():
+        flags += [f"--{key}", json.dumps(value) if not isinstance(value, str) else value]
+    train = [sys.executable, str(HERE / "train.py"), job["config"], str(out), "--name", job["name"],
+             "--paths.train", args.train, "--paths.dev", args.dev, *flags]
+    with open(args.output / f"{job['name']}.stdout", "w") as log:
+        rc = subprocess.call(train, stdout=log, stderr=subprocess.STDOUT, env=thread_env())
+    model = out / "model-best"
+    if rc == 0 and model.exists() and not args.no_test:
+        subprocess.call(
+            [sys.executable, "-m", "spacy", "evaluate", str(model), args.test, "--output",
+             str(out / "test_metrics.json"), "--code", str(HERE / "_register.py")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=thread_env())
+    result = collect(job, out)
+    result["returncode"] = rc
+    print(f"[sweep] {job['name']}: rc={rc} dev F1={result.get('dev', {}).get('ents_f')} "
+          f"test F1={result.get('test', {}).get('ents_f')}", flush=True)
+    return result
+
+
+def collect(job: Dict[str, Any], out: Path) -> Dict[str, Any]:
+    """The record of one finished job, read from its training summary and test metrics."""
+    result: Dict[str, Any] = dict(job)
+    summary_path = out / "train_summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        result.update({k: summary.get(k) for k in ("wall_time_s", "steps_run", "best_step", "time_to_best_s")})
+        result["dev"] = summary.get("dev_performance_model_best", {})
+    metrics = out / "test_metrics.json"
+    if metrics.exists():
+        test = json.loads(metrics.read_text())
+        result["test"] = {k: test.get(k) for k in ("ents_p", "ents_r", "ents_f")}
+        result["test_per_type"] = test.get("ents_per_type")
+    return result
+
+
+def group_stats(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(r["name"].split("@")[0], []).append(r)
+    rows = []
+    for name, rs in groups.items():
+        row: Dict[str, Any] = {"group": name, "runs": len(rs)}
+        for split in ("dev", "test"):
+            scores = [100 * r[split]["ents_f"] for r in rs if r.get(split, {}).get("ents_f") is not None]
+            row[f"{split}_f1_mean"] = round(statistics.mean(scores), 2) if scores else None
+            row[f"{split}_f1_sd"] = round(statistics.stdev(scores), 2) if len(scores) > 1 else None
+            row[f"{split}_f1_runs"] = [round(s, 2) for s in scores]
+        rows.append(row)
+    return rows
+
+
+def write_results(results, groups, path: Path, jobs_file: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps({"jobs_file": str(jobs_file), "runs": results,
+                                                     "groups": groups}, indent=2) + "\n")
+    lines = [f"Jobs: `{jobs_file}`; one CPU thread per run; F1 of model-best (best dev step).", "",
+             "| group | runs | dev F1 mean (sd) | test F1 mean (sd) | test F1 per run |",
+             "|---|---|---|---|---|"]
+    for g in groups:
+        def cell(split):
+            m, sd = g[f"{split}_f1_mean"], g[f"{split}_f1_sd"]
+            return "-" if m is None else (f"{m:.2f}" + (f" ({sd:.2f})" if sd is not None else ""))
+        lines.append(f"| {g['group']} | {g['runs']} | {cell('dev')} | {cell('test')} | "
+                     f"{', '.join(f'{s:.2f}' for s in g['test_f1_runs'])} |")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("jobs", type=Path)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--output", type=Path, default=Path("training/sweep"))
+    p.add_argument("--results", type=Path, required=True, help="path stem for .json and .md")
+    p.add_argument("--train", default="corpus/train.spacy")
+    p.add_argument("--dev", default="corpus/dev.spacy")
+    p.add_argument("--test", default="corpus/test.spacy")
+    p.add_argument("--only", nargs="*", default=None, help="run only these job names")
+    p.add_argument("--no-test", action="store_true", help="skip the test-set evaluation")
+    p.add_argument("--collect", action="store_true",
+                   help="train nothing: tabulate the jobs already run under --output (e.g. on "
+                        "several machines), skipping those without a training summary")
+    args = p.parse_args(argv)
+    jobs = load_jobs(args.jobs)
+    if args.only:
+        jobs = [j for j in jobs if j["name"] in set(args.only)]
+    args.output.mkdir(parents=True, exist_ok=True)
+    if args.collect:
+        done = [j for j in jobs if (args.output / j["name"] / "train_summary.json").exists()]
+        results = [collect(j, args.output / j["name"]) for j in done]
+    else:
+        with ThreadPoolExecutor(max_workers=args.workers) as pool:
+            results = list(pool.map(lambda j: run_job(j, args), jobs))
+    groups = group_stats(results)
+    write_results(results, groups, args.results, args.jobs)
+    print(args.results.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()
