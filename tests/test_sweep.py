@@ -1,0 +1,68 @@
+"""scripts/sweep.py: job files, and the tables it builds from finished runs (no training here;
+the shipped job files are checked against the shipped configs)."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+
+def _load_sweep():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("sweep", ROOT / "scripts" / "sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sweep = _load_sweep()
+
+
+def _finished_run(out: Path, name: str, dev_f: float, test_f: float) -> None:
+    run = out / name
+    run.mkdir(parents=True)
+    summary = {"wall_time_s": 10.0, "steps_run": 20, "best_step": 10, "time_to_best_s": 5.0,
+               "dev_performance_model_best": {"ents_f": dev_f}}
+    (run / "train_summary.json").write_text(json.dumps(summary))
+    metrics = {"ents_p": test_f, "ents_r": test_f, "ents_f": test_f, "ents_per_type": {}}
+    (run / "test_metrics.json").write_text(json.dumps(metrics))
+
+
+def test_jobs_take_the_defaults_and_names_must_be_unique(tmp_path):
+    path = tmp_path / "jobs.json"
+    path.write_text(json.dumps({"defaults": {"training.max_steps": 5, "system.seed": 0},
+                                "jobs": [{"name": "a@seed1", "config": "c.cfg", "overrides": {"system.seed": 1}},
+                                         {"name": "b", "config": "c.cfg"}]}))
+    jobs = sweep.load_jobs(path)
+    assert jobs[0]["overrides"] == {"training.max_steps": 5, "system.seed": 1}
+    assert jobs[1]["overrides"] == {"training.max_steps": 5, "system.seed": 0}
+    path.write_text(json.dumps([{"name": "a", "config": "c.cfg"}, {"name": "a", "config": "d.cfg"}]))
+    with pytest.raises(ValueError, match="duplicate"):
+        sweep.load_jobs(path)
+
+
+def test_collect_groups_seeds_and_skips_unfinished_runs(tmp_path):
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([{"name": f"x@seed{i}", "config": "c.cfg"} for i in range(3)]
+                               + [{"name": "y", "config": "c.cfg"}]))
+    out = tmp_path / "runs"
+    _finished_run(out, "x@seed0", 0.80, 0.70)
+    _finished_run(out, "x@seed1", 0.90, 0.74)
+    _finished_run(out, "y", 0.5, 0.5)  # x@seed2 never finished
+    sweep.main([str(jobs), "--output", str(out), "--results", str(tmp_path / "res"), "--collect"])
+    groups = {g["group"]: g for g in json.loads((tmp_path / "res.json").read_text())["groups"]}
+    assert groups["x"]["runs"] == 2
+    assert groups["x"]["dev_f1_mean"] == pytest.approx(85.0)
+    assert groups["x"]["test_f1_mean"] == pytest.approx(72.0)
+    assert groups["x"]["test_f1_sd"] == pytest.approx(2.83, abs=0.01)
+    assert groups["y"]["test_f1_sd"] is None
+    assert "| x | 2 | 85.00 (7.07) | 72.00 (2.83) | 70.00, 74.00 |" in (tmp_path / "res.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["comparison.json", "head_variants.json"])
+def test_shipped_job_files_name_existing_configs(name):
+    for job in sweep.load_jobs(ROOT / "benchmarks" / "sweeps" / name):
+        assert (ROOT / job["config"]).exists(), job
