@@ -98,19 +98,24 @@ def group_stats(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return rows
 
 
-def write_results(results, groups, path: Path, jobs_file: Path) -> None:
+def write_results(results, groups, path: Path, jobs_file: Path, reference: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps({"jobs_file": str(jobs_file), "runs": results,
                                                      "groups": groups}, indent=2) + "\n")
+    ref = {g["group"]: g for g in groups}.get(reference, {}).get("test_f1_mean")
     lines = [f"Jobs: `{jobs_file}`; one CPU thread per run; F1 of model-best (best dev step).", "",
-             "| group | runs | dev F1 mean (sd) | test F1 mean (sd) | test F1 per run |",
-             "|---|---|---|---|---|"]
+             "| group | runs | dev F1 mean (sd) | test F1 mean (sd) | test F1 per run |"
+             + (f" test F1 vs {reference} |" if ref is not None else ""),
+             "|---|---|---|---|---|" + ("---|" if ref is not None else "")]
     for g in groups:
         def cell(split):
             m, sd = g[f"{split}_f1_mean"], g[f"{split}_f1_sd"]
             return "-" if m is None else (f"{m:.2f}" + (f" ({sd:.2f})" if sd is not None else ""))
+        delta = ""
+        if ref is not None:
+            delta = " - |" if g["test_f1_mean"] is None else f" {g['test_f1_mean'] - ref:+.2f} |"
         lines.append(f"| {g['group']} | {g['runs']} | {cell('dev')} | {cell('test')} | "
-                     f"{', '.join(f'{s:.2f}' for s in g['test_f1_runs'])} |")
+                     f"{', '.join(f'{s:.2f}' for s in g['test_f1_runs'])} |" + delta)
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -124,6 +129,7 @@ def main(argv=None) -> None:
     p.add_argument("--dev", default="corpus/dev.spacy")
     p.add_argument("--test", default="corpus/test.spacy")
     p.add_argument("--only", nargs="*", default=None, help="run only these job names")
+    p.add_argument("--reference", default="", help="group to compare the test F1 means with")
     p.add_argument("--no-test", action="store_true", help="skip the test-set evaluation")
     p.add_argument("--collect", action="store_true",
                    help="train nothing: tabulate the jobs already run under --output (e.g. on "
@@ -140,7 +146,7 @@ def main(argv=None) -> None:
         with ThreadPoolExecutor(max_workers=args.workers) as pool:
             results = list(pool.map(lambda j: run_job(j, args), jobs))
     groups = group_stats(results)
-    write_results(results, groups, args.results, args.jobs)
+    write_results(results, groups, args.results, args.jobs, args.reference)
     print(args.results.with_suffix(".md").read_text())
 
 

@@ -52,14 +52,15 @@ def test_collect_groups_seeds_and_skips_unfinished_runs(tmp_path):
     _finished_run(out, "x@seed0", 0.80, 0.70)
     _finished_run(out, "x@seed1", 0.90, 0.74)
     _finished_run(out, "y", 0.5, 0.5)  # x@seed2 never finished
-    sweep.main([str(jobs), "--output", str(out), "--results", str(tmp_path / "res"), "--collect"])
+    sweep.main([str(jobs), "--output", str(out), "--results", str(tmp_path / "res"), "--collect",
+                "--reference", "y"])
     groups = {g["group"]: g for g in json.loads((tmp_path / "res.json").read_text())["groups"]}
     assert groups["x"]["runs"] == 2
     assert groups["x"]["dev_f1_mean"] == pytest.approx(85.0)
     assert groups["x"]["test_f1_mean"] == pytest.approx(72.0)
     assert groups["x"]["test_f1_sd"] == pytest.approx(2.83, abs=0.01)
     assert groups["y"]["test_f1_sd"] is None
-    assert "| x | 2 | 85.00 (7.07) | 72.00 (2.83) | 70.00, 74.00 |" in (tmp_path / "res.md").read_text()
+    assert "| x | 2 | 85.00 (7.07) | 72.00 (2.83) | 70.00, 74.00 | +22.00 |" in (tmp_path / "res.md").read_text()
 
 
 @pytest.mark.parametrize("name", ["comparison.json", "head_variants.json"])

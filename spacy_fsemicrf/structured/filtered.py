@@ -22,7 +22,9 @@ Every algorithm goes through one solver, ``_solve``, over a *compacted* copy of 
    ``[s - 2K + 1, s - 1]``, so each step reads a window of ``2K - 1`` ends, not the prefix.
    Marginals come from the scan of the rows and of the mirrored rows.
 
-The scan loops over positions only; everything else is batched tensor code.
+The scan loops over positions only; everything else is batched tensor code, except the
+compaction itself: NumPy bookkeeping on the host over the list of nodes (integers only; the
+scores stay on their device).
 """
 import functools
 from typing import NamedTuple, Optional, Tuple
