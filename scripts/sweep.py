@@ -66,6 +66,16 @@ def run_job(job: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
     return result
 
 
+def entity_scores(scores: Dict[str, Any]) -> Dict[str, Any]:
+    """``ents_p/r/f`` (and per type) of a spaCy score dict; spaCy's ``spancat`` reports the same
+    figures as ``spans_<key>_p/r/f``."""
+    prefix = "ents"
+    if scores.get("ents_f") is None:
+        keys = [k[: -len("_f")] for k in scores if k.startswith("spans_") and k.endswith("_f")]
+        prefix = keys[0] if keys else "ents"
+    return {f"ents_{k}": scores.get(f"{prefix}_{k}") for k in ("p", "r", "f", "per_type")}
+
+
 def collect(job: Dict[str, Any], out: Path) -> Dict[str, Any]:
     """The record of one finished job, read from its training summary and test metrics."""
     result: Dict[str, Any] = dict(job)
@@ -73,12 +83,13 @@ def collect(job: Dict[str, Any], out: Path) -> Dict[str, Any]:
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
         result.update({k: summary.get(k) for k in ("wall_time_s", "steps_run", "best_step", "time_to_best_s")})
-        result["dev"] = summary.get("dev_performance_model_best", {})
+        dev = entity_scores(summary.get("dev_performance_model_best", {}))
+        result["dev"] = {k: v for k, v in dev.items() if k != "ents_per_type"}
     metrics = out / "test_metrics.json"
     if metrics.exists():
-        test = json.loads(metrics.read_text())
-        result["test"] = {k: test.get(k) for k in ("ents_p", "ents_r", "ents_f")}
-        result["test_per_type"] = test.get("ents_per_type")
+        test = entity_scores(json.loads(metrics.read_text()))
+        result["test_per_type"] = test.pop("ents_per_type")
+        result["test"] = test
     return result
 
 

@@ -21,13 +21,13 @@ def _load_sweep():
 sweep = _load_sweep()
 
 
-def _finished_run(out: Path, name: str, dev_f: float, test_f: float) -> None:
+def _finished_run(out: Path, name: str, dev_f: float, test_f: float, key: str = "ents") -> None:
     run = out / name
     run.mkdir(parents=True)
     summary = {"wall_time_s": 10.0, "steps_run": 20, "best_step": 10, "time_to_best_s": 5.0,
-               "dev_performance_model_best": {"ents_f": dev_f}}
+               "dev_performance_model_best": {f"{key}_f": dev_f}}
     (run / "train_summary.json").write_text(json.dumps(summary))
-    metrics = {"ents_p": test_f, "ents_r": test_f, "ents_f": test_f, "ents_per_type": {}}
+    metrics = {f"{key}_p": test_f, f"{key}_r": test_f, f"{key}_f": test_f, f"{key}_per_type": {}}
     (run / "test_metrics.json").write_text(json.dumps(metrics))
 
 
@@ -50,7 +50,7 @@ def test_collect_groups_seeds_and_skips_unfinished_runs(tmp_path):
                                + [{"name": "y", "config": "c.cfg"}]))
     out = tmp_path / "runs"
     _finished_run(out, "x@seed0", 0.80, 0.70)
-    _finished_run(out, "x@seed1", 0.90, 0.74)
+    _finished_run(out, "x@seed1", 0.90, 0.74, key="spans_sc")  # spancat's score names
     _finished_run(out, "y", 0.5, 0.5)  # x@seed2 never finished
     sweep.main([str(jobs), "--output", str(out), "--results", str(tmp_path / "res"), "--collect",
                 "--reference", "y"])
