@@ -103,9 +103,10 @@ def plausible_inputs(
 
 def make_runs(spans, emissions, gold, lengths, scheme) -> Dict[str, Dict[str, Callable]]:
     C = spans.shape[-1]
-    T_semi = torch.randn(C + 1, C + 1) * 0.1
-    T_crf = torch.randn(scheme.n_tags + 1, scheme.n_tags + 1) * 0.1
-    allowed = scheme.allowed
+    device = spans.device
+    T_semi = (torch.randn(C + 1, C + 1) * 0.1).to(device)
+    T_crf = (torch.randn(scheme.n_tags + 1, scheme.n_tags + 1) * 0.1).to(device)
+    allowed = scheme.allowed.to(device)
     B, L, K, _ = spans.shape
     grid = gold_label_grid(gold, lengths, L, K)
     semi_scores = spans.clone()
@@ -150,14 +151,19 @@ def make_runs(spans, emissions, gold, lengths, scheme) -> Dict[str, Dict[str, Ca
     }
 
 
-def time_interleaved(runs: Dict[str, Dict[str, Callable]], repeats: int) -> Dict[str, Dict[str, float]]:
+def time_interleaved(
+    runs: Dict[str, Dict[str, Callable]], repeats: int, device: torch.device = torch.device("cpu")
+) -> Dict[str, Dict[str, float]]:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times: Dict[str, Dict[str, List[float]]] = {h: {"decode": [], "loss": []} for h in runs}
     for _ in range(repeats + 1):  # the first round warms up and is dropped
         for head, fns in runs.items():
             for what, fn in fns.items():
+                sync()
                 start = time.perf_counter()
                 with torch.no_grad() if what == "decode" else torch.enable_grad():
                     fn()
+                sync()  # a GPU call returns before its kernels finish
                 times[head][what].append(time.perf_counter() - start)
     return {h: {w: statistics.median(v[1:]) for w, v in d.items()} for h, d in times.items()}
 
@@ -219,6 +225,7 @@ def main() -> None:
                              "trained CoNLL pipeline keeps about 0.02)")
     parser.add_argument("--false-positives", type=float, default=0.01,
                         help="stray kept spans per token")
+    parser.add_argument("--device", default="cpu", help="e.g. cuda (timings then synchronize)")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/out/structured.json"))
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,6 +233,7 @@ def main() -> None:
         peak_memory_child(args.memory_child)
         return
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     if args.quick:
         args.lengths = [L for L in args.lengths if L <= 256]
         args.repeats = 2
@@ -235,7 +243,9 @@ def main() -> None:
             spans, emissions, gold, lengths, scheme = plausible_inputs(
                 args.batch, L, C, args.max_width, distractors=args.distractors,
                 false_positives=args.false_positives)
-            timing = time_interleaved(make_runs(spans, emissions, gold, lengths, scheme), args.repeats)
+            spans, emissions, gold, lengths = (x.to(device) for x in (spans, emissions, gold, lengths))
+            timing = time_interleaved(
+                make_runs(spans, emissions, gold, lengths, scheme), args.repeats, device)
             row = {"classes": C, "length": L, **kept_nodes(spans, lengths)}
             for head in HEADS:
                 row[f"{head}_decode_s"] = timing[head]["decode"]
@@ -259,9 +269,10 @@ def main() -> None:
                 memory.append({"length": L, **json.loads(out.strip().splitlines()[-1])})
     meta = {
         "batch": args.batch, "max_width": args.max_width, "repeats": args.repeats,
-        "threads": args.threads, "distractors": args.distractors,
+        "threads": args.threads, "device": str(device), "distractors": args.distractors,
         "false_positives": args.false_positives, "torch": torch.__version__, "machine": platform.machine(),
         "processor": platform.processor(), "command": " ".join(sys.argv),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"meta": meta, "rows": rows, "memory": memory}, indent=2))
@@ -270,7 +281,7 @@ def main() -> None:
 
 def markdown(rows, memory, meta) -> str:
     lines = [
-        f"Batch {meta['batch']}, K = {meta['max_width']}, {meta['threads']} thread(s), "
+        f"Batch {meta['batch']}, K = {meta['max_width']}, {meta.get('device', 'cpu')}, {meta['threads']} thread(s), "
         f"median of {meta['repeats']}; seconds per batch; {meta['distractors']} distractors per "
         f"gold span, {meta['false_positives']} stray spans per token.",
         "",
