@@ -173,7 +173,8 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
             if group.any():
                 n = int(row_nodes[group].max())
                 groups.append(_small_clusters(
-                    flat[group], cluster[group], start[group], end[group], cl_doc, n, device
+                    flat[group], opens[group], cluster[group], start[group], end[group], cl_doc,
+                    n, device,
                 ))
         small_clusters = tuple(groups)
     else:
@@ -226,13 +227,14 @@ ENUMERATE_ONE_GROUP_CELLS = 1 << 15
 
 
 @functools.lru_cache(maxsize=None)
-def _subset_tables(n: int) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
-    """``subsets [2^n, n]``: the bits of every subset of n slots; ``pairs [2, n(n-1)/2]``: the
-    slot pairs ``a < b``; ``pairs_in [2^n, n(n-1)/2]``: whether the subset holds both slots of
-    each pair (as floats, for a matmul)."""
+def _subset_tables(n: int) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+    """``subsets [2^n, n]``: the bits of every subset of n slots, as booleans and as floats (for
+    matmuls); ``pairs [2, n(n-1)/2]``: the slot pairs ``a < b``; ``pairs_in [2^n, n(n-1)/2]``:
+    whether the subset holds both slots of each pair (as floats)."""
     subsets = (numpy.arange(2**n)[:, None] >> numpy.arange(n)) & 1 == 1
     pairs = numpy.stack(numpy.triu_indices(n, 1))
-    return subsets, pairs, (subsets[:, pairs[0]] & subsets[:, pairs[1]]).astype(numpy.float32)
+    pairs_in = (subsets[:, pairs[0]] & subsets[:, pairs[1]]).astype(numpy.float32)
+    return subsets, subsets.astype(numpy.float32), pairs, pairs_in
 
 
 class SmallClusters(NamedTuple):
@@ -250,12 +252,12 @@ class SmallClusters(NamedTuple):
     maximal: torch.Tensor
 
 
-def _small_clusters(flat, node_row, start, end, row_doc, n: int, device: torch.device) -> SmallClusters:
-    """Slot tables and maximal sets of the clusters of ``node_row`` (NumPy arrays of the nodes,
-    sorted by cluster; ``n`` nodes in the largest)."""
-    # the nodes of a cluster are contiguous (numpy.unique would cost more than all the rest)
-    opens = numpy.ones(node_row.size, dtype=bool)
-    opens[1:] = node_row[1:] != node_row[:-1]
+def _small_clusters(
+    flat, opens, node_row, start, end, row_doc, n: int, device: torch.device
+) -> SmallClusters:
+    """Slot tables and maximal sets of some whole clusters (NumPy arrays over their nodes, in
+    cluster order: ``opens`` marks each cluster's first node, ``node_row`` is the cluster id;
+    ``n`` nodes in the largest)."""
     first = opens.nonzero()[0]
     rows, node_cluster = node_row[first], opens.cumsum() - 1
     slot = numpy.arange(flat.size) - first[node_cluster]
@@ -270,15 +272,15 @@ def _small_clusters(flat, node_row, start, end, row_doc, n: int, device: torch.d
     ends.fill(-1)
     ends[node_cluster, slot] = end
     overlap = (starts[:, :, None] <= ends[:, None, :]) & (starts[:, None, :] <= ends[:, :, None])
-    subsets, pairs, pairs_in = _subset_tables(n)
+    subsets, subsets_f, pairs, pairs_in = _subset_tables(n)
     # subset s holds two overlapping nodes of cluster r (a node overlaps itself, so only
     # the pairs a < b are read; empty slots start at 0 and end at -1: they overlap nothing)
     conflict = (overlap[:, pairs[0], pairs[1]].astype(numpy.float32) @ pairs_in.T) > 0
     # covered[r, a, s]: slot a is in subset s or overlaps one of its nodes; an empty slot
     # counts as covered by any non-empty subset, so that only real nodes can be left free
     overlap[~present] = True
-    covered = (overlap.reshape(R * n, n).astype(numpy.float32) @ subsets.T.astype(numpy.float32)) > 0
-    absent = (subsets.astype(numpy.float32) @ (~present).astype(numpy.float32).T).T > 0  # empty slot
+    covered = (overlap.reshape(R * n, n).astype(numpy.float32) @ subsets_f.T) > 0
+    absent = (subsets_f @ (~present).astype(numpy.float32).T).T > 0  # uses an empty slot
     maximal = ~conflict & ~absent & covered.reshape(R, n, -1).all(1)
     return SmallClusters(
         *(_to_device(x, device) for x in (grid_index, present, row_doc[rows], subsets, maximal))
@@ -294,7 +296,6 @@ def _length_blocks(row_len, scanned) -> numpy.ndarray:
     """Block id of each row (``row_len`` and ``scanned`` are arrays over the rows): rows of
     length in (2^(b-1), 2^b] start in block b; a shorter block is then merged into the next
     longer one while that saves more padded row-steps than the scan steps it adds."""
-    row_len, scanned = numpy.asarray(row_len), numpy.asarray(scanned)
     block = numpy.ceil(numpy.log2(numpy.maximum(row_len, 1))).astype(numpy.int64)
     ids = numpy.unique(block[scanned]).tolist()
     if len(ids) < 2:
