@@ -113,9 +113,8 @@ def make_runs(spans, emissions, gold, lengths, scheme) -> Dict[str, Dict[str, Ca
     semi_scores[:, :, 1:, 0] = -1e4  # null segments have width 1
 
     def filtered_decode():
-        mask, labels = filtered.inference_nodes(spans, lengths)
-        node_scores = spans.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-        return filtered.filtered_viterbi(node_scores, mask, labels)
+        nodes = filtered.inference_node_set(spans, spans, lengths)
+        return filtered.filtered_viterbi(nodes.scores, nodes.mask, nodes.labels, node_index=nodes.index)
 
     def filtered_loss():
         glob = spans.clone().requires_grad_(True)

@@ -16,6 +16,7 @@ from spacy_fsemicrf.structured.filtered import (
     filtered_log_partition,
     filtered_marginals,
     filtered_viterbi,
+    inference_node_set,
     inference_nodes,
     path_score,
     start_bound,
@@ -218,19 +219,39 @@ def test_transitions_of_zero_equal_no_transitions():
     )
 
 
-def test_compaction_cuts_clusters_and_skips_single_nodes():
+def test_compaction_cuts_clusters_and_solves_cliques_directly():
     mask = torch.zeros((1, 30, 4), dtype=torch.bool)
-    mask[0, 2, 0] = True  # alone
-    mask[0, 10, 2] = mask[0, 11, 0] = True  # cluster 10..12
-    mask[0, 20, 3] = mask[0, 22, 3] = True  # cluster 20..25
+    mask[0, 2, 0] = True  # alone: a clique of one
+    mask[0, 10, 2] = mask[0, 11, 0] = True  # 10..12 and 11..11 overlap: a clique of two
+    mask[0, 20, 3] = mask[0, 22, 3] = mask[0, 24, 0] = True  # a chain 20..25: not a clique
     comp = compact(mask, by_cluster=True)
-    assert comp.single_index.numel() == 1
-    # two-node clusters are enumerated, not scanned
+    assert comp.cliques.n_cliques == 2 and comp.cliques.grid_index.numel() == 3
+    assert comp.cliques.row_doc.tolist() == [0, 0]
+    # the chain is enumerated, not scanned
     assert comp.blocks == () and len(comp.small) == 1
-    assert comp.small[0].grid_index.shape == (2, 2)
-    assert comp.small[0].maximal.sum(1).tolist() == [2, 2]  # each overlapping pair: either node
+    assert comp.small[0].grid_index.shape == (1, 3)
+    assert comp.small[0].maximal.sum(1).tolist() == [2]  # {20..23, 24} or {22..25}
     whole = compact(mask, by_cluster=False)
+    assert whole.cliques.n_cliques == 0
     assert [(b.n_rows, b.scan_length) for b in whole.blocks] == [(1, 1 + 3 + 6)]
+    # the node list, when given, replaces the pass over the grid
+    listed = compact(mask, True, node_index=mask.view(-1).nonzero().squeeze(1))
+    assert torch.equal(listed.cliques.grid_index, comp.cliques.grid_index)
+
+
+def test_clique_is_solved_like_a_softmax_over_its_nodes():
+    """Pairwise overlapping nodes: every maximal set is one node."""
+    mask = torch.zeros((1, 6, 4), dtype=torch.bool)
+    mask[0, 0, 3] = mask[0, 1, 2] = mask[0, 2, 0] = True  # 0..3, 1..3, 2..2 share token 2
+    scores = torch.randn((1, 6, 4), dtype=DTYPE)
+    nodes = scores[mask]
+    assert compact(mask, True).cliques.grid_index.numel() == 3
+    assert torch.allclose(filtered_log_partition(scores, mask), torch.logsumexp(nodes, 0))
+    assert torch.allclose(filtered_marginals(scores, mask)[mask], torch.softmax(nodes, 0))
+    chosen, best = filtered_viterbi(scores, mask)
+    assert chosen.sum() == 1 and scores[chosen].item() == nodes.max().item() == best.item()
+    tied = torch.where(mask, 1.0, 0.0).to(DTYPE)  # ties: exactly one node all the same
+    assert filtered_viterbi(tied, mask)[0].sum() == 1
 
 
 def test_scanned_and_enumerated_clusters_agree(monkeypatch):
@@ -288,3 +309,20 @@ def test_scores_off_the_nodes_are_never_read(with_transitions):
     assert torch.allclose(clean_s.grad, dirty_s.grad)
     assert torch.equal(filtered_viterbi(scores, mask, labels, T)[0], filtered_viterbi(dirty, mask, labels, T)[0])
     assert torch.allclose(filtered_decode(scores, mask, labels, T)[1], filtered_decode(dirty, mask, labels, T)[1])
+
+
+@pytest.mark.parametrize("label_major", [False, True])
+def test_inference_node_set_lists_the_filtered_nodes(label_major):
+    gen = torch.Generator().manual_seed(0)
+    local, glob = torch.randn((2, 3, 7, 4, 5), generator=gen).unbind(0)
+    local[..., 0] += 1.0  # some spans null, some not
+    if label_major:  # the heads' memory layout
+        local, glob = (x.permute(3, 0, 1, 2).contiguous().permute(1, 2, 3, 0) for x in (local, glob))
+    lengths = torch.tensor([7, 0, 3])
+    mask, labels = inference_nodes(local, lengths)
+    assert torch.equal(mask, (local.argmax(-1) != 0) & span_mask(lengths, 7, 4))
+    assert torch.equal(labels, local.argmax(-1) * mask)
+    nodes = inference_node_set(local, glob, lengths)
+    assert torch.equal(nodes.mask, mask) and torch.equal(nodes.labels, labels)
+    assert torch.equal(nodes.scores, glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1) * mask)
+    assert torch.equal(nodes.index, mask.view(-1).nonzero().squeeze(1))

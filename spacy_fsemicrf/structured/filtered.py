@@ -13,7 +13,11 @@ Every algorithm goes through one solver, ``_solve``, over a *compacted* copy of 
    overlapping nodes. Clusters do not overlap each other, so a maximal set of the document is
    a union of maximal sets of its clusters: log Z adds up and Viterbi decodes each cluster
    alone. With transitions, a whole document is one row.
-2. A one-node cluster needs no work (its node is on every path); clusters of up to
+2. A cluster whose nodes all overlap each other (a *clique*: its latest start is at or before
+   its earliest end, which for intervals is the same thing, by Helly's property) has its
+   single nodes as maximal sets: log Z is a logsumexp, Viterbi an argmax and the marginals a
+   softmax over its nodes, all clusters at once. A one-node cluster is the simplest clique;
+   trained models produce almost nothing else. Other clusters of up to
    ``ENUMERATE_MAX_NODES`` nodes are solved exactly by enumerating their node subsets, all
    clusters at once.
 3. The other rows get the position scan of DESIGN.md §2, with the tokens that no node covers
@@ -39,6 +43,44 @@ from .spans import overlap_mask, span_mask
 # ----------------------------------------------------------------------------- node sets
 
 
+class NodeSet(NamedTuple):
+    """A filtered node set on the ``[B, L, K]`` grid, with its nodes also listed.
+
+    ``index`` holds the flat grid indices of the nodes in grid order (by document, start,
+    width): the compaction starts from that list, so a solver handed it skips a pass over the
+    grid. ``scores`` are the global scores read at each node's label (0 off the nodes).
+    """
+
+    mask: torch.Tensor
+    labels: torch.Tensor
+    scores: torch.Tensor
+    index: torch.Tensor
+
+
+def _label_planes(scores: torch.Tensor) -> torch.Tensor:
+    """``[C, B * L * K]``: one plane per label (a view when, as the heads lay them out, the
+    ``[B, L, K, C]`` scores are label-major in memory; a copy otherwise)."""
+    return scores.permute(3, 0, 1, 2).reshape(scores.shape[-1], -1)
+
+
+def _filter(local_scores: torch.Tensor, lengths: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(index [n], labels [n])``: the flat grid indices (in grid order) and local argmax
+    labels of the candidate spans whose local argmax is not null."""
+    B, L, K, C = local_scores.shape
+    planes = _label_planes(local_scores)
+    # amax + a comparison over whole planes is several times faster than argmax over the label
+    # axis on CPU; argmax then runs on the kept spans only. Ties go to null, as with argmax.
+    keep = (planes[1:].amax(0) > planes[0]) & span_mask(lengths, L, K).view(-1)
+    index = keep.nonzero().squeeze(1)
+    return index, planes[1:, index].argmax(0) + 1
+
+
+def _on_grid(index: torch.Tensor, values: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
+    """A zero grid of ``shape`` holding ``values`` at the flat ``index``."""
+    grid = values.new_zeros(shape)
+    return grid.view(-1).index_put_((index,), values).view(shape)
+
+
 def inference_nodes(
     local_scores: torch.Tensor, lengths: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -46,14 +88,25 @@ def inference_nodes(
 
     ``local_scores`` is ``[B, L, K, C]``; returns ``(node_mask [B, L, K], node_labels [B, L, K])``.
     """
-    B, L, K, _ = local_scores.shape
-    # amax + a comparison is several times faster than argmax over the label axis on CPU;
-    # argmax then runs on the kept spans only. Ties go to null, as with argmax.
-    mask = (local_scores[..., 1:].amax(-1) > local_scores[..., 0]) & span_mask(lengths, L, K)
-    labels = torch.zeros((B, L, K), dtype=torch.long, device=local_scores.device)
-    kept = mask.nonzero(as_tuple=True)
-    labels = labels.index_put(kept, local_scores[kept][:, 1:].argmax(-1) + 1)
-    return mask, labels
+    index, labels = _filter(local_scores, lengths)
+    grid = local_scores.shape[:3]
+    return _on_grid(index, torch.ones_like(labels, dtype=torch.bool), grid), _on_grid(index, labels, grid)
+
+
+def inference_node_set(
+    local_scores: torch.Tensor, global_scores: torch.Tensor, lengths: torch.Tensor
+) -> NodeSet:
+    """The inference nodes of :func:`inference_nodes` with their global scores
+    (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``) and their list."""
+    index, labels = _filter(local_scores, lengths)
+    grid = local_scores.shape[:3]
+    scores = _label_planes(global_scores)[labels, index].float()
+    return NodeSet(
+        _on_grid(index, torch.ones_like(labels, dtype=torch.bool), grid),
+        _on_grid(index, labels, grid),
+        _on_grid(index, scores, grid),
+        index,
+    )
 
 
 def training_nodes(
@@ -107,21 +160,34 @@ class ScanBlock(NamedTuple):
     scan_length: int
 
 
+class Cliques(NamedTuple):
+    """Clusters whose nodes pairwise overlap: ``grid_index`` are the flat grid indices of their
+    nodes, ``cluster`` the clique (``0 .. n_cliques - 1``) of each node, ``row_doc`` the
+    document of each clique."""
+
+    grid_index: torch.Tensor
+    cluster: torch.Tensor
+    row_doc: torch.Tensor
+    n_cliques: int
+
+
 class Compaction(NamedTuple):
-    """The scan blocks of a node set, and the nodes that need no scan.
+    """How each node of a node set is solved: in a clique, a small enumerated cluster or a
+    scan block.
 
     Rows (clusters or documents) are grouped into blocks of similar length, a block per power
     of two, so that the scan's work is proportional to the covered tokens and not to the number
-    of rows times the longest row. ``single_index`` are the flat grid indices of one-node
-    clusters.
+    of rows times the longest row.
     """
 
     blocks: Tuple[ScanBlock, ...]
-    single_index: torch.Tensor
+    cliques: Cliques
     small: Tuple["SmallClusters", ...]
 
 
-def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
+def compact(
+    node_mask: torch.Tensor, by_cluster: bool, node_index: Optional[torch.Tensor] = None
+) -> Compaction:
     """Cut the nodes into scan rows (clusters, or whole documents with uncovered tokens
     dropped), working on the list of nodes only.
 
@@ -138,12 +204,14 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
     """
     B, L, K = node_mask.shape
     device = node_mask.device
-    nodes = node_mask.nonzero().cpu().numpy()
-    doc, start, width = nodes[:, 0], nodes[:, 1], nodes[:, 2]
+    if node_index is None:
+        node_index = node_mask.view(-1).nonzero().squeeze(1)
+    flat = node_index.cpu().numpy()
+    # max(.., 1): an empty grid has no nodes to divide
+    doc, start, width = flat // max(L * K, 1), flat // max(K, 1) % max(L, 1), flat % max(K, 1)
     end = start + width
-    flat = (doc * L + start) * K + width
     if doc.size == 0:
-        return Compaction((), _to_device(flat, device), ())
+        return Compaction((), _cliques(flat, flat, flat, device), ())
     offset = doc * (L + 1)  # keeps documents apart in the running maximum
     reach = numpy.maximum.accumulate(offset + end)
     opens = numpy.empty(doc.size, dtype=bool)
@@ -155,13 +223,15 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
     cl_end = numpy.maximum.reduceat(end, first_node)  # a cluster's nodes are contiguous
     cl_len = cl_end - cl_start + 1
     rel_start = start - cl_start[cluster]
-    single = small = numpy.zeros(opens.size, dtype=bool)
+    clique = small = numpy.zeros(opens.size, dtype=bool)
     small_clusters = ()
     if by_cluster:
         node_row, row_len, row_doc = cluster, cl_len, cl_doc
         row_nodes = numpy.bincount(cluster)[cluster]
-        single = row_nodes == 1
-        small = (row_nodes > 1) & (row_nodes <= ENUMERATE_MAX_NODES)
+        # nodes are sorted by start within a cluster: its last node starts latest
+        last_start = start[numpy.append(first_node[1:], doc.size) - 1]
+        clique = (last_start <= numpy.minimum.reduceat(end, first_node))[cluster]
+        small = ~clique & (row_nodes <= ENUMERATE_MAX_NODES)
         groups = []
         n_small = int(numpy.count_nonzero(small & opens))
         widest = int(row_nodes[small].max()) if n_small else 0
@@ -189,10 +259,10 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
         node_row = cl_row[cluster]
         row_doc = cl_doc[first_of_doc]
         row_len = numpy.bincount(cl_row, weights=cl_len).astype(numpy.int64)
-    scanned = ~single & ~small
-    single_index = _to_device(flat[single], device)
+    scanned = ~clique & ~small
+    cliques = _cliques(flat[clique], cluster[clique], cl_doc, device)
     if not scanned.any():  # the usual case for a trained model: nothing to scan
-        return Compaction((), single_index, small_clusters)
+        return Compaction((), cliques, small_clusters)
     has_scan = numpy.bincount(node_row[scanned], minlength=row_len.size) > 0
     node_block = numpy.where(scanned, _length_blocks(row_len, has_scan)[node_row], -1)
     blocks = []
@@ -207,7 +277,17 @@ def compact(node_mask: torch.Tensor, by_cluster: bool) -> Compaction:
             *(_to_device(x, device) for x in (flat[in_block], scan_index, row_doc[rows])),
             rows.size, length,
         ))
-    return Compaction(tuple(blocks), single_index, small_clusters)
+    return Compaction(tuple(blocks), cliques, small_clusters)
+
+
+def _cliques(flat, cluster, cl_doc, device: torch.device) -> Cliques:
+    """The :class:`Cliques` of the nodes at ``flat`` (NumPy, in cluster order), whose clusters
+    are ``cluster`` (ids into ``cl_doc``, not necessarily dense)."""
+    opens = numpy.ones(cluster.size, dtype=bool)
+    opens[1:] = cluster[1:] != cluster[:-1]
+    dense = opens.cumsum() - 1
+    row_doc = cl_doc[cluster[opens]]
+    return Cliques(*(_to_device(x, device) for x in (flat, dense, row_doc)), int(row_doc.size))
 
 
 def _to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
@@ -524,6 +604,7 @@ def _solve(
     node_labels: Optional[torch.Tensor],
     transitions: Optional[torch.Tensor],
     mode: str,
+    node_index: Optional[torch.Tensor] = None,
 ) -> _Solution:
     """Solve every document; ``mode`` is "log_z", "viterbi", "marginals" or "decode" (Viterbi
     and marginals from one compaction).
@@ -537,18 +618,14 @@ def _solve(
     B, L, K = node_mask.shape
     want_best = mode in ("viterbi", "decode")
     want_marginals = mode in ("marginals", "decode")
-    comp = compact(node_mask, by_cluster=transitions is None)
+    comp = compact(node_mask, by_cluster=transitions is None, node_index=node_index)
     flat_scores = node_scores.reshape(-1)
-    totals = node_scores.new_zeros(B).index_add(
-        0, comp.single_index // (L * K), flat_scores[comp.single_index]
-    )
     chosen = marginals = None
     if want_best:
         chosen = torch.zeros(B * L * K, dtype=torch.bool, device=node_mask.device)
-        chosen[comp.single_index] = True
     if want_marginals:
         marginals = node_scores.new_zeros(B * L * K)
-        marginals[comp.single_index] = 1.0
+    totals = _solve_cliques(comp.cliques, flat_scores, B, chosen, marginals)
     for small in comp.small:
         subsets = small.subsets.to(node_scores.dtype)
         slot_scores = torch.where(small.present, flat_scores[small.grid_index], 0.0)
@@ -586,9 +663,48 @@ def _solve(
     )
 
 
-def _solve_no_grad(node_scores, node_mask, node_labels, transitions, mode: str) -> _Solution:
+def _solve_cliques(
+    cliques: Cliques,
+    flat_scores: torch.Tensor,
+    n_docs: int,
+    chosen: Optional[torch.Tensor],
+    marginals: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """Solve the cliques, whose maximal sets are their single nodes: returns the documents'
+    totals so far, ``[n_docs]`` (the best node's score per clique for Viterbi, else the
+    logsumexp of its nodes), and fills ``chosen`` (the best node of each clique) and
+    ``marginals`` (a softmax per clique) in place where given."""
+    totals = flat_scores.new_zeros(n_docs)
+    scores = flat_scores[cliques.grid_index]
+    if cliques.n_cliques == 0:  # still joined to the scores, for a caller's backward
+        return totals.index_add(0, cliques.row_doc, scores)
+    where = cliques.cluster
+    # the shift is a constant of the logsumexp: no gradient needs to flow through it
+    top = scores.detach().new_full((cliques.n_cliques,), NEG).scatter_reduce(
+        0, where, scores.detach(), "amax"
+    )
+    if chosen is not None:
+        # the first node reaching its clique's maximum
+        order = torch.arange(scores.shape[0], device=scores.device)
+        first = torch.where(scores >= top[where], order, scores.shape[0])
+        best = torch.full_like(top, scores.shape[0], dtype=torch.long).scatter_reduce(
+            0, where, first, "amin"
+        )
+        chosen[cliques.grid_index[best]] = True
+        if marginals is None:
+            return totals.index_add(0, cliques.row_doc, top)
+    weights = (scores - top[where]).exp()
+    norm = weights.new_zeros(cliques.n_cliques).index_add(0, where, weights)
+    if marginals is not None:
+        marginals[cliques.grid_index] = weights / norm[where]
+    return totals.index_add(0, cliques.row_doc, top if chosen is not None else top + norm.log())
+
+
+def _solve_no_grad(
+    node_scores, node_mask, node_labels, transitions, mode: str, node_index=None
+) -> _Solution:
     with torch.no_grad():
-        return _solve(node_scores, node_mask, node_labels, transitions, mode)
+        return _solve(node_scores, node_mask, node_labels, transitions, mode, node_index)
 
 
 def filtered_log_partition(
@@ -596,10 +712,11 @@ def filtered_log_partition(
     node_mask: torch.Tensor,
     node_labels: Optional[torch.Tensor] = None,
     transitions: Optional[torch.Tensor] = None,
+    node_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``log Z`` per document, ``[B]``: logsumexp of the scores of all maximal paths
     (differentiable: its gradient with respect to the node scores is the node marginals)."""
-    return _solve(node_scores, node_mask, node_labels, transitions, "log_z").total
+    return _solve(node_scores, node_mask, node_labels, transitions, "log_z", node_index).total
 
 
 def filtered_viterbi(
@@ -607,9 +724,10 @@ def filtered_viterbi(
     node_mask: torch.Tensor,
     node_labels: Optional[torch.Tensor] = None,
     transitions: Optional[torch.Tensor] = None,
+    node_index: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The best path: ``(chosen BoolTensor[B, L, K], best score [B])``."""
-    solution = _solve_no_grad(node_scores, node_mask, node_labels, transitions, "viterbi")
+    solution = _solve_no_grad(node_scores, node_mask, node_labels, transitions, "viterbi", node_index)
     return solution.chosen, solution.total
 
 
@@ -618,9 +736,10 @@ def filtered_marginals(
     node_mask: torch.Tensor,
     node_labels: Optional[torch.Tensor] = None,
     transitions: Optional[torch.Tensor] = None,
+    node_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``[B, L, K]``: the probability that each node is on the path (0 for non-nodes)."""
-    return _solve_no_grad(node_scores, node_mask, node_labels, transitions, "marginals").marginals
+    return _solve_no_grad(node_scores, node_mask, node_labels, transitions, "marginals", node_index).marginals
 
 
 def filtered_decode(
@@ -628,10 +747,11 @@ def filtered_decode(
     node_mask: torch.Tensor,
     node_labels: Optional[torch.Tensor] = None,
     transitions: Optional[torch.Tensor] = None,
+    node_index: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The best path and every node's marginal, ``(chosen [B, L, K], marginals [B, L, K])``,
     sharing one compaction (what a pipeline needs at prediction time)."""
-    solution = _solve_no_grad(node_scores, node_mask, node_labels, transitions, "decode")
+    solution = _solve_no_grad(node_scores, node_mask, node_labels, transitions, "decode", node_index)
     return solution.chosen, solution.marginals
 
 

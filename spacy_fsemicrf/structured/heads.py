@@ -166,29 +166,27 @@ class FilteredSemiCRFHead(nn.Module):
         gold_score = filtered.path_score(scores, grid > 0, labels, T)
         return loss_local + (log_z - gold_score).sum()
 
-    def nodes(
-        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The inference node set: ``(mask, labels, global scores)``, each ``[B, L, K]``."""
-        mask, labels = filtered.inference_nodes(local, lengths)
-        scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-        return mask, labels, scores
+    def nodes(self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor) -> filtered.NodeSet:
+        """The inference node set, with each node's global score."""
+        return filtered.inference_node_set(local, glob, lengths)
 
     def decode(self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor) -> Decoded:
-        mask, labels, scores = self.nodes(local, glob, lengths)
+        nodes = self.nodes(local, glob, lengths)
         T = None if self.transitions is None else self.transitions.detach().float()
-        chosen, marginals = filtered.filtered_decode(scores, mask, labels, T)
+        chosen, marginals = filtered.filtered_decode(
+            nodes.scores, nodes.mask, nodes.labels, T, node_index=nodes.index
+        )
         doc, start, width = chosen.nonzero(as_tuple=True)
         if doc.numel() == 0:
             return _empty_decoded(local.device)
-        spans = torch.stack([doc, start, start + width, labels[doc, start, width]], dim=1)
+        spans = torch.stack([doc, start, start + width, nodes.labels[doc, start, width]], dim=1)
         return spans, marginals[doc, start, width].clamp(0.0, 1.0)
 
     @torch.no_grad()
     def count_nodes(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``LongTensor[B]``: the size of the filtered graph (kept nodes) of each document."""
         local, glob = self.span_scores(X)
-        return filtered.count_nodes(self.nodes(local, glob, lengths)[0])
+        return filtered.count_nodes(self.nodes(local, glob, lengths).mask)
 
 
 class SemiCRFHead(nn.Module):
