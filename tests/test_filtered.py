@@ -8,10 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spacy_fsemicrf.structured import filtered as filtered_module
+from spacy_fsemicrf.structured import compaction as compaction_module
+from spacy_fsemicrf.structured.compaction import _length_blocks, compact
 from spacy_fsemicrf.structured.filtered import (
-    _length_blocks,
-    compact,
+
+
     filtered_decode,
     filtered_log_partition,
     filtered_marginals,
@@ -109,8 +110,11 @@ def test_gradient_of_log_z_is_the_marginals_and_batching_is_exact(problem):
     T = T if use_t else None
     scores = scores.clone().requires_grad_(True)
     log_z = filtered_log_partition(scores, mask, labels, T)
-    (grad,) = torch.autograd.grad(log_z.sum(), scores)
-    assert torch.allclose(grad, filtered_marginals(scores, mask, labels, T), atol=1e-10)
+    # a weight per document: each document's gradient must reach its own nodes only
+    weight = torch.arange(1, B + 1, dtype=DTYPE)
+    (grad,) = torch.autograd.grad((log_z * weight).sum(), scores)
+    marginals = filtered_marginals(scores, mask, labels, T)
+    assert torch.allclose(grad, marginals * weight.view(-1, 1, 1), atol=1e-10)
     for b in range(B):
         one = slice(b, b + 1)
         alone = filtered_log_partition(scores[one], mask[one], labels[one], T)
@@ -225,18 +229,20 @@ def test_compaction_cuts_clusters_and_solves_cliques_directly():
     mask[0, 10, 2] = mask[0, 11, 0] = True  # 10..12 and 11..11 overlap: a clique of two
     mask[0, 20, 3] = mask[0, 22, 3] = mask[0, 24, 0] = True  # a chain 20..25: not a clique
     comp = compact(mask, by_cluster=True)
-    assert comp.cliques.n_cliques == 2 and comp.cliques.grid_index.numel() == 3
-    assert comp.cliques.row_doc.tolist() == [0, 0]
+    host = comp.host
+    assert host.grid_index.numel() == 6  # every node is solved on the host
+    assert host.clique_first.tolist() == [0, 1] and host.clique_doc.tolist() == [0, 0]
+    assert host.clique_node.tolist() == [0, 1, 2]
     # the chain is enumerated, not scanned
-    assert comp.blocks == () and len(comp.small) == 1
-    assert comp.small[0].grid_index.shape == (1, 3)
-    assert comp.small[0].maximal.sum(1).tolist() == [2]  # {20..23, 24} or {22..25}
+    assert comp.blocks == () and len(host.small) == 1
+    assert host.small[0].slot_node.tolist() == [[3, 4, 5]]
+    assert host.small[0].maximal.sum(1).tolist() == [2]  # {20..23, 24} or {22..25}
     whole = compact(mask, by_cluster=False)
-    assert whole.cliques.n_cliques == 0
+    assert whole.host.grid_index.numel() == 0
     assert [(b.n_rows, b.scan_length) for b in whole.blocks] == [(1, 1 + 3 + 6)]
     # the node list, when given, replaces the pass over the grid
     listed = compact(mask, True, node_index=mask.view(-1).nonzero().squeeze(1))
-    assert torch.equal(listed.cliques.grid_index, comp.cliques.grid_index)
+    assert torch.equal(listed.host.grid_index, host.grid_index)
 
 
 def test_clique_is_solved_like_a_softmax_over_its_nodes():
@@ -245,7 +251,7 @@ def test_clique_is_solved_like_a_softmax_over_its_nodes():
     mask[0, 0, 3] = mask[0, 1, 2] = mask[0, 2, 0] = True  # 0..3, 1..3, 2..2 share token 2
     scores = torch.randn((1, 6, 4), dtype=DTYPE)
     nodes = scores[mask]
-    assert compact(mask, True).cliques.grid_index.numel() == 3
+    assert compact(mask, True).host.clique_node.size == 3
     assert torch.allclose(filtered_log_partition(scores, mask), torch.logsumexp(nodes, 0))
     assert torch.allclose(filtered_marginals(scores, mask)[mask], torch.softmax(nodes, 0))
     chosen, best = filtered_viterbi(scores, mask)
@@ -263,9 +269,9 @@ def test_scanned_and_enumerated_clusters_agree(monkeypatch):
         filtered_marginals(scores, mask),
         filtered_decode(scores, mask)[1],
     )
-    assert compact(mask, True).small and compact(mask, True).blocks
-    monkeypatch.setattr(filtered_module, "ENUMERATE_MAX_NODES", 1)
-    assert compact(mask, True).small == ()
+    assert compact(mask, True).host.small and compact(mask, True).blocks
+    monkeypatch.setattr(compaction_module, "ENUMERATE_MAX_NODES", 1)
+    assert compact(mask, True).host.small == ()
     assert torch.allclose(default[0], filtered_log_partition(scores, mask))
     assert torch.equal(default[1], filtered_viterbi(scores, mask)[0])
     assert torch.allclose(default[2], filtered_marginals(scores, mask))

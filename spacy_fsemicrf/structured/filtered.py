@@ -7,35 +7,25 @@ Liang et al., 1991), scored by the sum of its nodes' scores plus, optionally, th
 ``T[prev, next]`` between consecutive nodes (``T`` is ``[C + 1, C + 1]``, row C = START,
 column C = END). The empty node set has the single empty path, of score 0.
 
-Every algorithm goes through one solver, ``_solve``, over a *compacted* copy of the nodes:
+Every algorithm goes through one solver, ``_solve``, over a *compacted* copy of the nodes
+(:mod:`.compaction`): clusters of pairwise overlapping nodes (cliques) and other small
+clusters are solved exactly on the host; log Z stays differentiable there through its
+gradient, the node marginals. The remaining rows (larger clusters, or whole documents when
+there are transitions) get the position scan of DESIGN.md §2, with the tokens that no node
+covers dropped: the graph only depends on the order of node boundaries, which dropping
+uncovered tokens preserves, and then the predecessors of a node starting at ``s`` all end in
+``[s - 2K + 1, s - 1]``, so each step reads a window of ``2K - 1`` ends, not the prefix.
+Marginals of scanned rows come from the scan of the rows and of the mirrored rows.
 
-1. Without transitions, the nodes split into clusters: maximal runs of tokens chained by
-   overlapping nodes. Clusters do not overlap each other, so a maximal set of the document is
-   a union of maximal sets of its clusters: log Z adds up and Viterbi decodes each cluster
-   alone. With transitions, a whole document is one row.
-2. A cluster whose nodes all overlap each other (a *clique*: its latest start is at or before
-   its earliest end, which for intervals is the same thing, by Helly's property) has its
-   single nodes as maximal sets: log Z is a logsumexp, Viterbi an argmax and the marginals a
-   softmax over its nodes, all clusters at once. A one-node cluster is the simplest clique;
-   trained models produce almost nothing else. Other clusters of up to
-   ``ENUMERATE_MAX_NODES`` nodes are solved exactly by enumerating their node subsets, all
-   clusters at once.
-3. The other rows get the position scan of DESIGN.md §2, with the tokens that no node covers
-   dropped: the graph only depends on the order of node boundaries, which dropping uncovered
-   tokens preserves, and then the predecessors of a node starting at ``s`` all end in
-   ``[s - 2K + 1, s - 1]``, so each step reads a window of ``2K - 1`` ends, not the prefix.
-   Marginals come from the scan of the rows and of the mirrored rows.
-
-The scan loops over positions only; everything else is batched tensor code, except the
-compaction itself: NumPy bookkeeping on the host over the list of nodes (integers only; the
-scores stay on their device).
+The scan loops over positions only and is batched tensor code on the scores' device. Each
+solver takes an optional ``node_index``: the flat grid indices of the nodes in grid order
+(:attr:`NodeSet.index`), which saves a pass over the grid.
 """
-import functools
 from typing import NamedTuple, Optional, Tuple
 
-import numpy
 import torch
 
+from .compaction import HostLogPartition, ScanBlock, to_device, compact, solve_host
 from .semiring import NEG, lse, logaddexp, masked_fill_neg
 from .spans import overlap_mask, span_mask
 
@@ -72,7 +62,8 @@ def _filter(local_scores: torch.Tensor, lengths: torch.Tensor) -> Tuple[torch.Te
     # axis on CPU; argmax then runs on the kept spans only. Ties go to null, as with argmax.
     keep = (planes[1:].amax(0) > planes[0]) & span_mask(lengths, L, K).view(-1)
     index = keep.nonzero().squeeze(1)
-    return index, planes[1:, index].argmax(0) + 1
+    # rows of the transposed planes: a gather along the first axis is the fast one
+    return index, planes.T[index, 1:].argmax(1) + 1
 
 
 def _on_grid(index: torch.Tensor, values: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
@@ -141,260 +132,6 @@ def start_bound(node_mask: torch.Tensor) -> torch.Tensor:
     last_start = last_start.scatter_reduce(1, ends.reshape(B, -1), src.reshape(B, -1), "amax")
     bound = last_start.cummax(1).values
     return torch.cat([bound.new_full((B, 1), -1), bound], dim=1)
-
-
-# ----------------------------------------------------------------------------- compaction
-
-
-class ScanBlock(NamedTuple):
-    """Where some nodes of the ``[B, L, K]`` grid go in one compact ``[N, Lc, K]`` scan grid.
-
-    ``grid_index`` are the flat grid indices of the nodes and ``scan_index`` their flat indices
-    in the scan grid; ``row_doc`` maps the ``n_rows`` scan rows to documents.
-    """
-
-    grid_index: torch.Tensor
-    scan_index: torch.Tensor
-    row_doc: torch.Tensor
-    n_rows: int
-    scan_length: int
-
-
-class Cliques(NamedTuple):
-    """Clusters whose nodes pairwise overlap: ``grid_index`` are the flat grid indices of their
-    nodes, ``cluster`` the clique (``0 .. n_cliques - 1``) of each node, ``row_doc`` the
-    document of each clique."""
-
-    grid_index: torch.Tensor
-    cluster: torch.Tensor
-    row_doc: torch.Tensor
-    n_cliques: int
-
-
-class Compaction(NamedTuple):
-    """How each node of a node set is solved: in a clique, a small enumerated cluster or a
-    scan block.
-
-    Rows (clusters or documents) are grouped into blocks of similar length, a block per power
-    of two, so that the scan's work is proportional to the covered tokens and not to the number
-    of rows times the longest row.
-    """
-
-    blocks: Tuple[ScanBlock, ...]
-    cliques: Cliques
-    small: Tuple["SmallClusters", ...]
-
-
-def compact(
-    node_mask: torch.Tensor, by_cluster: bool, node_index: Optional[torch.Tensor] = None
-) -> Compaction:
-    """Cut the nodes into scan rows (clusters, or whole documents with uncovered tokens
-    dropped), working on the list of nodes only.
-
-    Nodes come out of ``nonzero`` sorted by (doc, start); a node opens a new cluster iff it
-    starts after the furthest end of all earlier nodes of its document. A cluster covers a
-    contiguous run of tokens, so node positions relative to the cluster start are already
-    compact. Rows are right-aligned in their block's scan grid, so that every row ends at the
-    last position, where the scan reads END.
-
-    This is bookkeeping on a short list of integers (about one node per entity for a trained
-    model), so it runs in NumPy on the host: a NumPy call costs about a microsecond where a
-    PyTorch op costs several, and decoding a batch is dominated by such fixed costs. The
-    scores never leave their device; only the node list and the index tensors cross.
-    """
-    B, L, K = node_mask.shape
-    device = node_mask.device
-    if node_index is None:
-        node_index = node_mask.view(-1).nonzero().squeeze(1)
-    flat = node_index.cpu().numpy()
-    # max(.., 1): an empty grid has no nodes to divide
-    doc, start, width = flat // max(L * K, 1), flat // max(K, 1) % max(L, 1), flat % max(K, 1)
-    end = start + width
-    if doc.size == 0:
-        return Compaction((), _cliques(flat, flat, flat, device), ())
-    offset = doc * (L + 1)  # keeps documents apart in the running maximum
-    reach = numpy.maximum.accumulate(offset + end)
-    opens = numpy.empty(doc.size, dtype=bool)
-    opens[0] = True
-    opens[1:] = offset[1:] + start[1:] > reach[:-1]
-    cluster = opens.cumsum() - 1
-    first_node = opens.nonzero()[0]
-    cl_start, cl_doc = start[first_node], doc[first_node]
-    cl_end = numpy.maximum.reduceat(end, first_node)  # a cluster's nodes are contiguous
-    cl_len = cl_end - cl_start + 1
-    rel_start = start - cl_start[cluster]
-    clique = small = numpy.zeros(opens.size, dtype=bool)
-    small_clusters = ()
-    if by_cluster:
-        node_row, row_len, row_doc = cluster, cl_len, cl_doc
-        row_nodes = numpy.bincount(cluster)[cluster]
-        # nodes are sorted by start within a cluster: its last node starts latest
-        last_start = start[numpy.append(first_node[1:], doc.size) - 1]
-        clique = (last_start <= numpy.minimum.reduceat(end, first_node))[cluster]
-        small = ~clique & (row_nodes <= ENUMERATE_MAX_NODES)
-        groups = []
-        n_small = int(numpy.count_nonzero(small & opens))
-        widest = int(row_nodes[small].max()) if n_small else 0
-        # one group while the padding to the widest cluster is cheaper than another group's
-        # fixed cost of a few dozen calls
-        one_group = n_small << widest <= ENUMERATE_ONE_GROUP_CELLS
-        for low, high in ((2, ENUMERATE_MAX_NODES),) if one_group else ENUMERATE_GROUPS:
-            group = small & (row_nodes >= low) & (row_nodes <= high)
-            if group.any():
-                n = int(row_nodes[group].max())
-                groups.append(_small_clusters(
-                    flat[group], opens[group], cluster[group], start[group], end[group], cl_doc,
-                    n, device,
-                ))
-        small_clusters = tuple(groups)
-    else:
-        # one row per document: a cluster starts after the covered tokens of the earlier
-        # clusters of its document
-        first_of_doc = numpy.ones(cl_doc.size, dtype=bool)
-        first_of_doc[1:] = cl_doc[1:] != cl_doc[:-1]
-        before = cl_len.cumsum() - cl_len
-        doc_base = numpy.maximum.accumulate(numpy.where(first_of_doc, before, -1))
-        rel_start = rel_start + (before - doc_base)[cluster]
-        cl_row = first_of_doc.cumsum() - 1
-        node_row = cl_row[cluster]
-        row_doc = cl_doc[first_of_doc]
-        row_len = numpy.bincount(cl_row, weights=cl_len).astype(numpy.int64)
-    scanned = ~clique & ~small
-    cliques = _cliques(flat[clique], cluster[clique], cl_doc, device)
-    if not scanned.any():  # the usual case for a trained model: nothing to scan
-        return Compaction((), cliques, small_clusters)
-    has_scan = numpy.bincount(node_row[scanned], minlength=row_len.size) > 0
-    node_block = numpy.where(scanned, _length_blocks(row_len, has_scan)[node_row], -1)
-    blocks = []
-    for b in numpy.unique(node_block[scanned]).tolist():
-        in_block = node_block == b
-        rows = numpy.unique(node_row[in_block])  # sorted
-        length = int(row_len[rows].max())
-        new_row = numpy.searchsorted(rows, node_row[in_block])
-        pad = length - row_len[node_row[in_block]]
-        scan_index = (new_row * length + rel_start[in_block] + pad) * K + width[in_block]
-        blocks.append(ScanBlock(
-            *(_to_device(x, device) for x in (flat[in_block], scan_index, row_doc[rows])),
-            rows.size, length,
-        ))
-    return Compaction(tuple(blocks), cliques, small_clusters)
-
-
-def _cliques(flat, cluster, cl_doc, device: torch.device) -> Cliques:
-    """The :class:`Cliques` of the nodes at ``flat`` (NumPy, in cluster order), whose clusters
-    are ``cluster`` (ids into ``cl_doc``, not necessarily dense)."""
-    opens = numpy.ones(cluster.size, dtype=bool)
-    opens[1:] = cluster[1:] != cluster[:-1]
-    dense = opens.cumsum() - 1
-    row_doc = cl_doc[cluster[opens]]
-    return Cliques(*(_to_device(x, device) for x in (flat, dense, row_doc)), int(row_doc.size))
-
-
-def _to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
-    out = torch.from_numpy(numpy.ascontiguousarray(x))
-    return out if device.type == "cpu" else out.to(device)
-
-
-# Clusters of at most this many nodes are solved by enumerating their 2^n node subsets, all
-# clusters at once, instead of by the scan: a fixed number of batched ops instead of one
-# Python step per position. Trained models produce mostly such clusters.
-ENUMERATE_MAX_NODES = 8
-# Small clusters are enumerated in groups by node count, so that one 8-node cluster does not
-# make every 2-node cluster of the batch pay for 2^8 subsets.
-ENUMERATE_GROUPS = ((2, 4), (5, ENUMERATE_MAX_NODES))
-# ... unless (clusters x subsets of the widest) stays below this: then one group is cheaper.
-ENUMERATE_ONE_GROUP_CELLS = 1 << 15
-
-
-@functools.lru_cache(maxsize=None)
-def _subset_tables(n: int) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, numpy.ndarray]:
-    """``subsets [2^n, n]``: the bits of every subset of n slots, as booleans and as floats (for
-    matmuls); ``pairs [2, n(n-1)/2]``: the slot pairs ``a < b``; ``pairs_in [2^n, n(n-1)/2]``:
-    whether the subset holds both slots of each pair (as floats)."""
-    subsets = (numpy.arange(2**n)[:, None] >> numpy.arange(n)) & 1 == 1
-    pairs = numpy.stack(numpy.triu_indices(n, 1))
-    pairs_in = (subsets[:, pairs[0]] & subsets[:, pairs[1]]).astype(numpy.float32)
-    return subsets, subsets.astype(numpy.float32), pairs, pairs_in
-
-
-class SmallClusters(NamedTuple):
-    """Clusters of 2..ENUMERATE_MAX_NODES nodes as ``[R, n]`` slots, with their maximal sets.
-
-    ``grid_index[r, a]`` is the flat grid index of slot ``a`` of cluster ``r`` (0 for an empty
-    slot, see ``present``); ``subsets[s, a]`` says whether subset ``s`` holds slot ``a``;
-    ``maximal[r, s]`` whether subset ``s`` is a maximal non-overlapping set of cluster ``r``.
-    """
-
-    grid_index: torch.Tensor
-    present: torch.Tensor
-    row_doc: torch.Tensor
-    subsets: torch.Tensor
-    maximal: torch.Tensor
-
-
-def _small_clusters(
-    flat, opens, node_row, start, end, row_doc, n: int, device: torch.device
-) -> SmallClusters:
-    """Slot tables and maximal sets of some whole clusters (NumPy arrays over their nodes, in
-    cluster order: ``opens`` marks each cluster's first node, ``node_row`` is the cluster id;
-    ``n`` nodes in the largest)."""
-    first = opens.nonzero()[0]
-    rows, node_cluster = node_row[first], opens.cumsum() - 1
-    slot = numpy.arange(flat.size) - first[node_cluster]
-    R = rows.size
-    grid_index = numpy.zeros((R, n), dtype=flat.dtype)
-    grid_index[node_cluster, slot] = flat
-    present = numpy.zeros((R, n), dtype=bool)
-    present[node_cluster, slot] = True
-    starts = numpy.zeros((R, n), dtype=start.dtype)
-    starts[node_cluster, slot] = start
-    ends = numpy.empty((R, n), dtype=end.dtype)
-    ends.fill(-1)
-    ends[node_cluster, slot] = end
-    overlap = (starts[:, :, None] <= ends[:, None, :]) & (starts[:, None, :] <= ends[:, :, None])
-    subsets, subsets_f, pairs, pairs_in = _subset_tables(n)
-    # subset s holds two overlapping nodes of cluster r (a node overlaps itself, so only
-    # the pairs a < b are read; empty slots start at 0 and end at -1: they overlap nothing)
-    conflict = (overlap[:, pairs[0], pairs[1]].astype(numpy.float32) @ pairs_in.T) > 0
-    # covered[r, a, s]: slot a is in subset s or overlaps one of its nodes; an empty slot
-    # counts as covered by any non-empty subset, so that only real nodes can be left free
-    overlap[~present] = True
-    covered = (overlap.reshape(R * n, n).astype(numpy.float32) @ subsets_f.T) > 0
-    absent = (subsets_f @ (~present).astype(numpy.float32).T).T > 0  # uses an empty slot
-    maximal = ~conflict & ~absent & covered.reshape(R, n, -1).all(1)
-    return SmallClusters(
-        *(_to_device(x, device) for x in (grid_index, present, row_doc[rows], subsets, maximal))
-    )
-
-
-# A scan step costs about as much as this many rows of work inside a step (dispatch overhead
-# against arithmetic, measured on CPU); it decides when two length blocks are cheaper merged.
-STEP_COST_IN_ROWS = 256
-
-
-def _length_blocks(row_len, scanned) -> numpy.ndarray:
-    """Block id of each row (``row_len`` and ``scanned`` are arrays over the rows): rows of
-    length in (2^(b-1), 2^b] start in block b; a shorter block is then merged into the next
-    longer one while that saves more padded row-steps than the scan steps it adds."""
-    block = numpy.ceil(numpy.log2(numpy.maximum(row_len, 1))).astype(numpy.int64)
-    ids = numpy.unique(block[scanned]).tolist()
-    if len(ids) < 2:
-        return block
-    counts = {b: int(((block == b) & scanned).sum()) for b in ids}
-    longest = {b: int(row_len[(block == b) & scanned].max()) for b in ids}
-    merged_into = {ids[-1]: ids[-1]}
-    for small, larger in zip(ids[-2::-1], ids[:0:-1]):  # from the longest pair down
-        target = merged_into[larger]
-        extra_row_steps = counts[small] * (longest[target] - longest[small])
-        if extra_row_steps < STEP_COST_IN_ROWS * longest[small]:
-            merged_into[small] = target
-            counts[target] += counts[small]
-        else:
-            merged_into[small] = small
-    lookup = block.copy()
-    for small, target in merged_into.items():
-        lookup[block == small] = target
-    return lookup
 
 
 def _to_scan_grid(values: torch.Tensor, block: ScanBlock, K: int, fill: float) -> torch.Tensor:
@@ -620,25 +357,19 @@ def _solve(
     want_marginals = mode in ("marginals", "decode")
     comp = compact(node_mask, by_cluster=transitions is None, node_index=node_index)
     flat_scores = node_scores.reshape(-1)
+    host_scores = flat_scores[comp.host.grid_index]
     chosen = marginals = None
+    if mode == "log_z":
+        totals = HostLogPartition.apply(host_scores, comp.host, B)
+    else:
+        host = solve_host(comp.host, host_scores.detach().cpu().numpy(), B, want_best, want_marginals)
+        totals = torch.from_numpy(host.totals).to(node_scores.device)
     if want_best:
         chosen = torch.zeros(B * L * K, dtype=torch.bool, device=node_mask.device)
+        chosen[to_device(comp.host.flat[host.best], node_mask.device)] = True
     if want_marginals:
         marginals = node_scores.new_zeros(B * L * K)
-    totals = _solve_cliques(comp.cliques, flat_scores, B, chosen, marginals)
-    for small in comp.small:
-        subsets = small.subsets.to(node_scores.dtype)
-        slot_scores = torch.where(small.present, flat_scores[small.grid_index], 0.0)
-        subset_scores = masked_fill_neg(slot_scores @ subsets.T, small.maximal)
-        if want_best:
-            best_score, best = subset_scores.max(1)
-            totals = totals.index_add(0, small.row_doc, best_score)
-            chosen[small.grid_index[small.subsets[best] & small.present]] = True
-        else:
-            totals = totals.index_add(0, small.row_doc, lse(subset_scores, 1))
-        if want_marginals:
-            slot_marginals = torch.softmax(subset_scores, 1) @ subsets
-            marginals[small.grid_index[small.present]] = slot_marginals[small.present]
+        marginals[comp.host.grid_index] = to_device(host.marginals, node_mask.device)
     labels = node_labels if node_labels is not None else torch.zeros_like(node_mask, dtype=torch.long)
     for block in comp.blocks:
         scan_scores = _to_scan_grid(node_scores, block, K, NEG)
@@ -661,43 +392,6 @@ def _solve(
         None if chosen is None else chosen.view(B, L, K),
         None if marginals is None else marginals.view(B, L, K),
     )
-
-
-def _solve_cliques(
-    cliques: Cliques,
-    flat_scores: torch.Tensor,
-    n_docs: int,
-    chosen: Optional[torch.Tensor],
-    marginals: Optional[torch.Tensor],
-) -> torch.Tensor:
-    """Solve the cliques, whose maximal sets are their single nodes: returns the documents'
-    totals so far, ``[n_docs]`` (the best node's score per clique for Viterbi, else the
-    logsumexp of its nodes), and fills ``chosen`` (the best node of each clique) and
-    ``marginals`` (a softmax per clique) in place where given."""
-    totals = flat_scores.new_zeros(n_docs)
-    scores = flat_scores[cliques.grid_index]
-    if cliques.n_cliques == 0:  # still joined to the scores, for a caller's backward
-        return totals.index_add(0, cliques.row_doc, scores)
-    where = cliques.cluster
-    # the shift is a constant of the logsumexp: no gradient needs to flow through it
-    top = scores.detach().new_full((cliques.n_cliques,), NEG).scatter_reduce(
-        0, where, scores.detach(), "amax"
-    )
-    if chosen is not None:
-        # the first node reaching its clique's maximum
-        order = torch.arange(scores.shape[0], device=scores.device)
-        first = torch.where(scores >= top[where], order, scores.shape[0])
-        best = torch.full_like(top, scores.shape[0], dtype=torch.long).scatter_reduce(
-            0, where, first, "amin"
-        )
-        chosen[cliques.grid_index[best]] = True
-        if marginals is None:
-            return totals.index_add(0, cliques.row_doc, top)
-    weights = (scores - top[where]).exp()
-    norm = weights.new_zeros(cliques.n_cliques).index_add(0, where, weights)
-    if marginals is not None:
-        marginals[cliques.grid_index] = weights / norm[where]
-    return totals.index_add(0, cliques.row_doc, top if chosen is not None else top + norm.log())
 
 
 def _solve_no_grad(

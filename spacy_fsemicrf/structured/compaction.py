@@ -1,0 +1,346 @@
+"""Compaction of a filtered node set, and the exact solution of its small clusters on the host.
+
+Nodes come as flat indices into the ``[B, L, K]`` grid, in grid order. Without transitions
+they split into *clusters*: maximal runs of tokens chained by overlapping nodes. Clusters do
+not overlap each other, so a maximal set of a document is a union of maximal sets of its
+clusters: log Z adds up, Viterbi decodes each cluster alone, marginals are per cluster.
+
+* A cluster whose nodes pairwise overlap (a *clique*: its latest start is at or before its
+  earliest end, which for intervals is the same thing, by Helly's property) has its single
+  nodes as maximal sets: log Z is a logsumexp, Viterbi an argmax, the marginals a softmax over
+  its nodes. A one-node cluster is the simplest clique; trained models produce little else.
+* Other clusters of up to ``ENUMERATE_MAX_NODES`` nodes are solved by enumerating their node
+  subsets and keeping the maximal non-overlapping ones.
+* The rest go to the position scan of :mod:`.filtered`, in :class:`ScanBlock` rows: clusters,
+  or whole documents when there are transitions, with uncovered tokens dropped.
+
+The compaction is bookkeeping on a short list of integers (about one node per entity for a
+trained model) and the cliques and small clusters are a few hundred scores, so both run in
+NumPy on the host: a NumPy call costs about a microsecond where a PyTorch op costs several,
+and decoding a batch is dominated by such fixed costs. Only the node list and those nodes'
+scores cross to the host; the scan's scores stay on their device.
+"""
+import functools
+from typing import NamedTuple, Optional, Tuple
+
+import numpy
+import torch
+
+# Clusters of at most this many nodes are solved by enumerating their 2^n node subsets, all
+# clusters at once, instead of by the scan: a fixed number of batched ops instead of one
+# Python step per position.
+ENUMERATE_MAX_NODES = 8
+# Small clusters are enumerated in groups by node count, so that one 8-node cluster does not
+# make every 3-node cluster of the batch pay for 2^8 subsets.
+ENUMERATE_GROUPS = ((2, 4), (5, ENUMERATE_MAX_NODES))
+# ... unless (clusters x subsets of the widest) stays below this: then one group is cheaper.
+ENUMERATE_ONE_GROUP_CELLS = 1 << 15
+# A scan step costs about as much as this many rows of work inside a step (dispatch overhead
+# against arithmetic, measured on CPU); it decides when two length blocks are cheaper merged.
+STEP_COST_IN_ROWS = 256
+
+
+class ScanBlock(NamedTuple):
+    """Where some nodes of the ``[B, L, K]`` grid go in one compact ``[N, Lc, K]`` scan grid.
+
+    ``grid_index`` are the flat grid indices of the nodes and ``scan_index`` their flat indices
+    in the scan grid; ``row_doc`` maps the ``n_rows`` scan rows to documents.
+    """
+
+    grid_index: torch.Tensor
+    scan_index: torch.Tensor
+    row_doc: torch.Tensor
+    n_rows: int
+    scan_length: int
+
+
+class SmallClusters(NamedTuple):
+    """Clusters of 2..ENUMERATE_MAX_NODES nodes as ``[R, n]`` slots, with their maximal sets
+    (NumPy arrays).
+
+    ``slot_node[r, a]`` is the position, among the host nodes, of slot ``a`` of cluster ``r``
+    (0 for an empty slot, see ``present``); ``subsets[s, a]`` says whether subset ``s`` holds
+    slot ``a``; ``maximal[r, s]`` whether subset ``s`` is a maximal non-overlapping set of
+    cluster ``r``; ``row_doc[r]`` is the cluster's document.
+    """
+
+    slot_node: numpy.ndarray
+    present: numpy.ndarray
+    row_doc: numpy.ndarray
+    subsets: numpy.ndarray
+    maximal: numpy.ndarray
+
+
+class HostClusters(NamedTuple):
+    """The clusters solved on the host: cliques and small clusters.
+
+    ``flat`` are the flat grid indices of their nodes, the *host nodes*, and ``grid_index`` the
+    same on the scores' device; ``node_doc`` their documents. Cliques are runs of host nodes:
+    ``clique_node`` lists their positions, clique by clique, ``clique_first`` where each clique
+    starts in that list, ``clique_of`` the clique of each entry and ``clique_doc`` each
+    clique's document.
+    """
+
+    flat: numpy.ndarray
+    grid_index: torch.Tensor
+    node_doc: numpy.ndarray
+    clique_node: numpy.ndarray
+    clique_first: numpy.ndarray
+    clique_of: numpy.ndarray
+    clique_doc: numpy.ndarray
+    small: Tuple[SmallClusters, ...]
+
+
+class Compaction(NamedTuple):
+    """How the nodes of a node set are solved: on the host (cliques and small clusters) or by
+    the scan, in blocks of rows of similar length (a block per power of two, so that the
+    scan's work is proportional to the covered tokens and not to the number of rows times the
+    longest row)."""
+
+    blocks: Tuple[ScanBlock, ...]
+    host: HostClusters
+
+
+def compact(
+    node_mask: torch.Tensor, by_cluster: bool, node_index: Optional[torch.Tensor] = None
+) -> Compaction:
+    """Cut the nodes of ``node_mask [B, L, K]`` into cliques, small clusters and scan rows
+    (clusters when ``by_cluster``, else whole documents with uncovered tokens dropped).
+
+    ``node_index``, the flat grid indices of the nodes in grid order, saves the pass over the
+    grid when the caller has it. Nodes in grid order are sorted by (doc, start); a node opens a
+    new cluster iff it starts after the furthest end of all earlier nodes of its document. A
+    cluster covers a contiguous run of tokens, so node positions relative to the cluster start
+    are already compact. Scan rows are right-aligned in their block's scan grid, so that every
+    row ends at the last position, where the scan reads END.
+    """
+    B, L, K = node_mask.shape
+    device = node_mask.device
+    if node_index is None:
+        node_index = node_mask.view(-1).nonzero().squeeze(1)
+    flat = node_index.cpu().numpy()
+    # max(.., 1): an empty grid has no nodes to divide
+    doc, start, width = flat // max(L * K, 1), flat // max(K, 1) % max(L, 1), flat % max(K, 1)
+    end = start + width
+    if doc.size == 0:
+        return Compaction((), _host_clusters(flat, doc, doc, doc, doc, (), device))
+    offset = doc * (L + 1)  # keeps documents apart in the running maximum
+    reach = numpy.maximum.accumulate(offset + end)
+    opens = numpy.empty(doc.size, dtype=bool)
+    opens[0] = True
+    opens[1:] = offset[1:] + start[1:] > reach[:-1]
+    cluster = opens.cumsum() - 1
+    first_node = opens.nonzero()[0]
+    cl_start, cl_doc = start[first_node], doc[first_node]
+    cl_end = numpy.maximum.reduceat(end, first_node)  # a cluster's nodes are contiguous
+    cl_len = cl_end - cl_start + 1
+    rel_start = start - cl_start[cluster]
+    host = numpy.zeros(doc.size, dtype=bool)
+    clique = small = host
+    groups = []
+    if by_cluster:
+        node_row, row_len, row_doc = cluster, cl_len, cl_doc
+        row_nodes = numpy.bincount(cluster)[cluster]
+        # nodes are sorted by start within a cluster: its last node starts latest
+        last_start = start[numpy.append(first_node[1:], doc.size) - 1]
+        clique = (last_start <= numpy.minimum.reduceat(end, first_node))[cluster]
+        small = ~clique & (row_nodes <= ENUMERATE_MAX_NODES)
+        host = clique | small
+        host_pos = host.cumsum() - 1  # position of each host node among the host nodes
+        n_small = int(numpy.count_nonzero(small & opens))
+        widest = int(row_nodes[small].max()) if n_small else 0
+        # one group while the padding to the widest cluster is cheaper than another group's
+        # fixed cost
+        one_group = n_small << widest <= ENUMERATE_ONE_GROUP_CELLS
+        for low, high in ((2, ENUMERATE_MAX_NODES),) if one_group else ENUMERATE_GROUPS:
+            group = small & (row_nodes >= low) & (row_nodes <= high)
+            if group.any():
+                n = int(row_nodes[group].max())
+                groups.append(_small_clusters(
+                    host_pos[group], opens[group], start[group], end[group], cl_doc[cluster[group]], n
+                ))
+    else:
+        # one row per document: a cluster starts after the covered tokens of the earlier
+        # clusters of its document
+        first_of_doc = numpy.ones(cl_doc.size, dtype=bool)
+        first_of_doc[1:] = cl_doc[1:] != cl_doc[:-1]
+        before = cl_len.cumsum() - cl_len
+        doc_base = numpy.maximum.accumulate(numpy.where(first_of_doc, before, -1))
+        rel_start = rel_start + (before - doc_base)[cluster]
+        cl_row = first_of_doc.cumsum() - 1
+        node_row = cl_row[cluster]
+        row_doc = cl_doc[first_of_doc]
+        row_len = numpy.bincount(cl_row, weights=cl_len).astype(numpy.int64)
+    host_clusters = _host_clusters(
+        flat[host], doc[host], clique[host], cluster[host], cl_doc, tuple(groups), device
+    )
+    scanned = ~host
+    if not scanned.any():  # the usual case for a trained model: nothing to scan
+        return Compaction((), host_clusters)
+    has_scan = numpy.bincount(node_row[scanned], minlength=row_len.size) > 0
+    node_block = numpy.where(scanned, _length_blocks(row_len, has_scan)[node_row], -1)
+    blocks = []
+    for b in numpy.unique(node_block[scanned]).tolist():
+        in_block = node_block == b
+        rows = numpy.unique(node_row[in_block])  # sorted
+        length = int(row_len[rows].max())
+        new_row = numpy.searchsorted(rows, node_row[in_block])
+        pad = length - row_len[node_row[in_block]]
+        scan_index = (new_row * length + rel_start[in_block] + pad) * K + width[in_block]
+        blocks.append(ScanBlock(
+            *(to_device(x, device) for x in (flat[in_block], scan_index, row_doc[rows])),
+            rows.size, length,
+        ))
+    return Compaction(tuple(blocks), host_clusters)
+
+
+def to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
+    out = torch.from_numpy(numpy.ascontiguousarray(x))
+    return out if device.type == "cpu" else out.to(device)
+
+
+def _host_clusters(flat, doc, in_clique, cluster, cl_doc, small, device) -> HostClusters:
+    """:class:`HostClusters` of the host nodes (``flat``, ``doc``, whether each is in a clique
+    and its cluster id, an index into ``cl_doc``; NumPy arrays in node order)."""
+    clique_node = in_clique.nonzero()[0]
+    ids = cluster[clique_node]
+    opens = numpy.ones(ids.size, dtype=bool)
+    opens[1:] = ids[1:] != ids[:-1]
+    clique_first = opens.nonzero()[0]
+    return HostClusters(
+        flat, to_device(flat, device), doc, clique_node, clique_first, opens.cumsum() - 1,
+        cl_doc[ids[clique_first]], small,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _subset_tables(n: int) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+    """``subsets [2^n, n]``: the bits of every subset of n slots, as booleans and as floats (for
+    matmuls); ``pairs [2, n(n-1)/2]``: the slot pairs ``a < b``; ``pairs_in [2^n, n(n-1)/2]``:
+    whether the subset holds both slots of each pair (as floats)."""
+    subsets = (numpy.arange(2**n)[:, None] >> numpy.arange(n)) & 1 == 1
+    pairs = numpy.stack(numpy.triu_indices(n, 1))
+    pairs_in = (subsets[:, pairs[0]] & subsets[:, pairs[1]]).astype(numpy.float32)
+    return subsets, subsets.astype(numpy.float32), pairs, pairs_in
+
+
+def _small_clusters(node, opens, start, end, node_doc, n: int) -> SmallClusters:
+    """Slot tables and maximal sets of some whole clusters (NumPy arrays over their nodes, in
+    cluster order: ``node`` is each node's host position, ``opens`` marks each cluster's first
+    node; ``n`` nodes in the largest cluster)."""
+    first = opens.nonzero()[0]
+    node_cluster = opens.cumsum() - 1
+    slot = numpy.arange(node.size) - first[node_cluster]
+    R = first.size
+    slot_node = numpy.zeros((R, n), dtype=numpy.int64)
+    slot_node[node_cluster, slot] = node
+    present = numpy.zeros((R, n), dtype=bool)
+    present[node_cluster, slot] = True
+    starts = numpy.zeros((R, n), dtype=start.dtype)
+    starts[node_cluster, slot] = start
+    ends = numpy.full((R, n), -1, dtype=end.dtype)
+    ends[node_cluster, slot] = end
+    overlap = (starts[:, :, None] <= ends[:, None, :]) & (starts[:, None, :] <= ends[:, :, None])
+    subsets, subsets_f, pairs, pairs_in = _subset_tables(n)
+    # subset s holds two overlapping nodes of cluster r (a node overlaps itself, so only
+    # the pairs a < b are read; empty slots start at 0 and end at -1: they overlap nothing)
+    conflict = (overlap[:, pairs[0], pairs[1]].astype(numpy.float32) @ pairs_in.T) > 0
+    # covered[r, a, s]: slot a is in subset s or overlaps one of its nodes; an empty slot
+    # counts as covered by any non-empty subset, so that only real nodes can be left free
+    overlap[~present] = True
+    covered = (overlap.reshape(R * n, n).astype(numpy.float32) @ subsets_f.T) > 0
+    absent = (subsets_f @ (~present).astype(numpy.float32).T).T > 0  # uses an empty slot
+    maximal = ~conflict & ~absent & covered.reshape(R, n, -1).all(1)
+    return SmallClusters(slot_node, present, node_doc[first], subsets, maximal)
+
+
+def _length_blocks(row_len, scanned) -> numpy.ndarray:
+    """Block id of each row (``row_len`` and ``scanned`` are arrays over the rows): rows of
+    length in (2^(b-1), 2^b] start in block b; a shorter block is then merged into the next
+    longer one while that saves more padded row-steps than the scan steps it adds."""
+    block = numpy.ceil(numpy.log2(numpy.maximum(row_len, 1))).astype(numpy.int64)
+    ids = numpy.unique(block[scanned]).tolist()
+    if len(ids) < 2:
+        return block
+    counts = {b: int(((block == b) & scanned).sum()) for b in ids}
+    longest = {b: int(row_len[(block == b) & scanned].max()) for b in ids}
+    merged_into = {ids[-1]: ids[-1]}
+    for small, larger in zip(ids[-2::-1], ids[:0:-1]):  # from the longest pair down
+        target = merged_into[larger]
+        extra_row_steps = counts[small] * (longest[target] - longest[small])
+        if extra_row_steps < STEP_COST_IN_ROWS * longest[small]:
+            merged_into[small] = target
+            counts[target] += counts[small]
+        else:
+            merged_into[small] = small
+    lookup = block.copy()
+    for small, target in merged_into.items():
+        lookup[block == small] = target
+    return lookup
+
+
+# ----------------------------------------------------------------------------- host solver
+
+
+class HostSolution(NamedTuple):
+    """``totals [B]``: per document, the sum over its host clusters of log Z, or of the best
+    score when the best nodes are asked for; ``best [m]``: whether each host node is on the
+    best path; ``marginals [m]``: each host node's marginal."""
+
+    totals: numpy.ndarray
+    best: Optional[numpy.ndarray]
+    marginals: Optional[numpy.ndarray]
+
+
+def solve_host(
+    host: HostClusters, scores: numpy.ndarray, n_docs: int, want_best: bool, want_marginals: bool
+) -> HostSolution:
+    """Solve the cliques and small clusters exactly, from the host nodes' ``scores [m]``."""
+    totals = numpy.zeros(n_docs, dtype=scores.dtype)
+    best = numpy.zeros(scores.size, dtype=bool) if want_best else None
+    marginals = numpy.zeros(scores.size, dtype=scores.dtype) if want_marginals else None
+    if host.clique_first.size:
+        node = host.clique_node
+        s = scores[node]
+        top = numpy.maximum.reduceat(s, host.clique_first)
+        weights = numpy.exp(s - top[host.clique_of])
+        norm = numpy.add.reduceat(weights, host.clique_first)
+        if want_best:
+            # the first node of each clique reaching its maximum
+            at_top = numpy.where(s == top[host.clique_of], numpy.arange(s.size), s.size)
+            best[node[numpy.minimum.reduceat(at_top, host.clique_first)]] = True
+        if want_marginals:
+            marginals[node] = weights / norm[host.clique_of]
+        numpy.add.at(totals, host.clique_doc, top if want_best else top + numpy.log(norm))
+    for small in host.small:
+        subsets = small.subsets.astype(scores.dtype)
+        slot_scores = numpy.where(small.present, scores[small.slot_node], 0.0)
+        subset_scores = numpy.where(small.maximal, slot_scores @ subsets.T, -numpy.inf)
+        top = subset_scores.max(1)
+        weights = numpy.exp(subset_scores - top[:, None])
+        if want_best:
+            chosen = small.subsets[subset_scores.argmax(1)] & small.present
+            best[small.slot_node[chosen]] = True
+        if want_marginals:
+            slot_marginals = (weights / weights.sum(1, keepdims=True)) @ subsets
+            marginals[small.slot_node[small.present]] = slot_marginals[small.present]
+        numpy.add.at(totals, small.row_doc, top if want_best else top + numpy.log(weights.sum(1)))
+    return HostSolution(totals, best, marginals)
+
+
+class HostLogPartition(torch.autograd.Function):
+    """log Z of the host clusters per document, ``[B]``, differentiable in the host nodes'
+    scores: the gradient of log Z is the node marginals, which the same solve gives."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, host: HostClusters, n_docs: int) -> torch.Tensor:
+        solution = solve_host(host, scores.detach().cpu().numpy(), n_docs, False, True)
+        ctx.save_for_backward(torch.from_numpy(solution.marginals).to(scores.device))
+        ctx.node_doc = host.node_doc
+        return torch.from_numpy(solution.totals).to(scores.device)
+
+    @staticmethod
+    def backward(ctx, grad_totals: torch.Tensor):
+        (marginals,) = ctx.saved_tensors
+        node_doc = torch.from_numpy(ctx.node_doc).to(grad_totals.device)
+        return grad_totals[node_doc] * marginals, None, None
