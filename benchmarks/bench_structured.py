@@ -10,8 +10,10 @@ and noisy scores under which the local classifier keeps the gold spans plus dist
 overlap them and a few stray false positives, as a trained model's filter does (compare the
 kept-node counts with those of the trained pipeline in the project benchmark). The span scores feed the filtered and exact
 semi-CRFs; the token emissions of the linear CRF are derived from the same gold and noise.
-Timings are medians over repeats, measured interleaved (head by head within each repeat) in
-one process, single-threaded unless ``--threads`` says otherwise. Prints a Markdown table and
+Timings are medians over rounds, measured interleaved (head by head within each round) in one
+process, single-threaded unless ``--threads`` says otherwise: in each round a head runs each
+task a few times in a row, the first call timed *cold* (right after another head's work) and
+the rest *warm* (the steady state of decoding batch after batch). Prints a Markdown table and
 writes JSON.
 """
 import argparse
@@ -151,20 +153,35 @@ def make_runs(spans, emissions, gold, lengths, scheme) -> Dict[str, Dict[str, Ca
 
 
 def time_interleaved(
-    runs: Dict[str, Dict[str, Callable]], repeats: int, device: torch.device = torch.device("cpu")
-) -> Dict[str, Dict[str, float]]:
+    runs: Dict[str, Dict[str, Callable]], repeats: int, device: torch.device = torch.device("cpu"),
+    block: int = 5,
+) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """Per head and task (decode, loss), the median over ``repeats`` rounds of two timings.
+
+    Within a round every head runs each task ``block`` times in a row: ``cold`` is the first
+    call, right after another head's work has evicted this one's data and code from the
+    caches; ``warm`` is the median of the other calls, the steady state of decoding batch
+    after batch. Both come from the same rounds, interleaved head by head.
+    """
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times: Dict[str, Dict[str, List[float]]] = {h: {"decode": [], "loss": []} for h in runs}
+    times = {h: {w: {"cold": [], "warm": []} for w in fns} for h, fns in runs.items()}
     for _ in range(repeats + 1):  # the first round warms up and is dropped
         for head, fns in runs.items():
             for what, fn in fns.items():
-                sync()
-                start = time.perf_counter()
-                with torch.no_grad() if what == "decode" else torch.enable_grad():
-                    fn()
-                sync()  # a GPU call returns before its kernels finish
-                times[head][what].append(time.perf_counter() - start)
-    return {h: {w: statistics.median(v[1:]) for w, v in d.items()} for h, d in times.items()}
+                calls = []
+                for _ in range(block):
+                    sync()
+                    start = time.perf_counter()
+                    with torch.no_grad() if what == "decode" else torch.enable_grad():
+                        fn()
+                    sync()  # a GPU call returns before its kernels finish
+                    calls.append(time.perf_counter() - start)
+                times[head][what]["cold"].append(calls[0])
+                times[head][what]["warm"].append(statistics.median(calls[1:] or calls))
+    return {
+        h: {w: {k: statistics.median(v[1:]) for k, v in d.items()} for w, d in tasks.items()}
+        for h, tasks in times.items()
+    }
 
 
 def kept_nodes(spans, lengths) -> Dict[str, float]:
@@ -217,6 +234,9 @@ def main() -> None:
     parser.add_argument("--max-width", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--block", type=int, default=5,
+                        help="calls in a row per head and task in each round: the first is "
+                             "timed cold, the median of the rest warm")
     parser.add_argument("--quick", action="store_true", help="L in 16, 64, 256 and 2 repeats")
     parser.add_argument("--memory", action="store_true", help="also measure peak memory")
     parser.add_argument("--distractors", type=float, default=1.0,
@@ -244,13 +264,16 @@ def main() -> None:
                 false_positives=args.false_positives)
             spans, emissions, gold, lengths = (x.to(device) for x in (spans, emissions, gold, lengths))
             timing = time_interleaved(
-                make_runs(spans, emissions, gold, lengths, scheme), args.repeats, device)
+                make_runs(spans, emissions, gold, lengths, scheme), args.repeats, device, args.block)
             row = {"classes": C, "length": L, **kept_nodes(spans, lengths)}
             for head in HEADS:
-                row[f"{head}_decode_s"] = timing[head]["decode"]
-                row[f"{head}_loss_s"] = timing[head]["loss"]
-            row["decode_speedup_vs_semicrf"] = row["semicrf_decode_s"] / row["filtered_decode_s"]
-            row["decode_speedup_vs_crf"] = row["crf_decode_s"] / row["filtered_decode_s"]
+                row[f"{head}_decode_s"] = timing[head]["decode"]["warm"]
+                row[f"{head}_decode_cold_s"] = timing[head]["decode"]["cold"]
+                row[f"{head}_loss_s"] = timing[head]["loss"]["warm"]
+            for base in ("semicrf", "crf"):
+                for kind in ("", "_cold"):
+                    row[f"decode{kind}_speedup_vs_{base}"] = (
+                        row[f"{base}_decode{kind}_s"] / row[f"filtered_decode{kind}_s"])
             row["filtered_decode_us_per_token"] = 1e6 * row["filtered_decode_s"] / (L * args.batch)
             rows.append(row)
             print(f"C={C} L={L}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()
@@ -267,7 +290,7 @@ def main() -> None:
                 ).stdout
                 memory.append({"length": L, **json.loads(out.strip().splitlines()[-1])})
     meta = {
-        "batch": args.batch, "max_width": args.max_width, "repeats": args.repeats,
+        "batch": args.batch, "max_width": args.max_width, "repeats": args.repeats, "block": args.block,
         "threads": args.threads, "device": str(device), "distractors": args.distractors,
         "false_positives": args.false_positives, "torch": torch.__version__, "machine": platform.machine(),
         "processor": platform.processor(), "command": " ".join(sys.argv),
@@ -281,18 +304,23 @@ def main() -> None:
 def markdown(rows, memory, meta) -> str:
     lines = [
         f"Batch {meta['batch']}, K = {meta['max_width']}, {meta.get('device', 'cpu')}, {meta['threads']} thread(s), "
-        f"median of {meta['repeats']}; seconds per batch; {meta['distractors']} distractors per "
-        f"gold span, {meta['false_positives']} stray spans per token.",
+        f"median of {meta['repeats']} rounds of {meta.get('block', 1)} calls in a row per head; seconds "
+        f"per batch, warm (the steady state: median of the calls after the first of each round), "
+        f"and cold (the first call of a round, right after another head's work); "
+        f"{meta['distractors']} distractors per gold span, {meta['false_positives']} stray spans per token.",
         "",
         "| C | L | kept nodes / doc (L·K cand.) | filtered decode | semi-CRF decode | CRF decode "
-        "| vs semi-CRF | vs CRF | filtered µs/token | filtered loss+bwd | semi-CRF loss+bwd | CRF loss+bwd |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| vs semi-CRF | vs CRF | cold: filtered | cold: vs semi-CRF | cold: vs CRF "
+        "| filtered µs/token | filtered loss+bwd | semi-CRF loss+bwd | CRF loss+bwd |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['classes']} | {r['length']} | {r['kept_nodes_mean']:.1f} ({r['candidates_mean']:.0f}) "
-            f"| {r['filtered_decode_s']:.4f} | {r['semicrf_decode_s']:.4f} | {r['crf_decode_s']:.4f} "
+            f"| {r['filtered_decode_s']:.5f} | {r['semicrf_decode_s']:.4f} | {r['crf_decode_s']:.4f} "
             f"| {r['decode_speedup_vs_semicrf']:.1f}x | {r['decode_speedup_vs_crf']:.1f}x "
+            f"| {r['filtered_decode_cold_s']:.5f} | {r['decode_cold_speedup_vs_semicrf']:.1f}x "
+            f"| {r['decode_cold_speedup_vs_crf']:.1f}x "
             f"| {r['filtered_decode_us_per_token']:.2f} | {r['filtered_loss_s']:.4f} "
             f"| {r['semicrf_loss_s']:.4f} | {r['crf_loss_s']:.4f} |"
         )

@@ -53,9 +53,11 @@ def _label_planes(scores: torch.Tensor) -> torch.Tensor:
     return scores.permute(3, 0, 1, 2).reshape(scores.shape[-1], -1)
 
 
-def _filter(local_scores: torch.Tensor, lengths: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(index [n], labels [n])``: the flat grid indices (in grid order) and local argmax
-    labels of the candidate spans whose local argmax is not null."""
+def _filter(
+    local_scores: torch.Tensor, lengths: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(mask [B, L, K], index [n], labels [n])``: the candidate spans whose local argmax is
+    not null, as a grid, as flat grid indices (in grid order), and their local argmax labels."""
     B, L, K, C = local_scores.shape
     planes = _label_planes(local_scores)
     # amax + a comparison over whole planes is several times faster than argmax over the label
@@ -63,7 +65,7 @@ def _filter(local_scores: torch.Tensor, lengths: torch.Tensor) -> Tuple[torch.Te
     keep = (planes[1:].amax(0) > planes[0]) & span_mask(lengths, L, K).view(-1)
     index = keep.nonzero().squeeze(1)
     # rows of the transposed planes: a gather along the first axis is the fast one
-    return index, planes.T[index, 1:].argmax(1) + 1
+    return keep.view(B, L, K), index, planes.T[index, 1:].argmax(1) + 1
 
 
 def _on_grid(index: torch.Tensor, values: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
@@ -79,9 +81,8 @@ def inference_nodes(
 
     ``local_scores`` is ``[B, L, K, C]``; returns ``(node_mask [B, L, K], node_labels [B, L, K])``.
     """
-    index, labels = _filter(local_scores, lengths)
-    grid = local_scores.shape[:3]
-    return _on_grid(index, torch.ones_like(labels, dtype=torch.bool), grid), _on_grid(index, labels, grid)
+    mask, index, labels = _filter(local_scores, lengths)
+    return mask, _on_grid(index, labels, mask.shape)
 
 
 def inference_node_set(
@@ -89,15 +90,9 @@ def inference_node_set(
 ) -> NodeSet:
     """The inference nodes of :func:`inference_nodes` with their global scores
     (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``) and their list."""
-    index, labels = _filter(local_scores, lengths)
-    grid = local_scores.shape[:3]
+    mask, index, labels = _filter(local_scores, lengths)
     scores = _label_planes(global_scores)[labels, index].float()
-    return NodeSet(
-        _on_grid(index, torch.ones_like(labels, dtype=torch.bool), grid),
-        _on_grid(index, labels, grid),
-        _on_grid(index, scores, grid),
-        index,
-    )
+    return NodeSet(mask, _on_grid(index, labels, mask.shape), _on_grid(index, scores, mask.shape), index)
 
 
 def training_nodes(
