@@ -251,7 +251,8 @@ def test_clique_is_solved_like_a_softmax_over_its_nodes():
     mask[0, 0, 3] = mask[0, 1, 2] = mask[0, 2, 0] = True  # 0..3, 1..3, 2..2 share token 2
     scores = torch.randn((1, 6, 4), dtype=DTYPE)
     nodes = scores[mask]
-    assert compact(mask, True).host.clique_node.size == 3
+    comp = compact(mask, True)
+    assert comp.blocks == () and comp.host.small == () and comp.host.clique_first.tolist() == [0]
     assert torch.allclose(filtered_log_partition(scores, mask), torch.logsumexp(nodes, 0))
     assert torch.allclose(filtered_marginals(scores, mask)[mask], torch.softmax(nodes, 0))
     chosen, best = filtered_viterbi(scores, mask)

@@ -76,15 +76,15 @@ class HostClusters(NamedTuple):
 
     ``flat`` are the flat grid indices of their nodes, the *host nodes*, and ``grid_index`` the
     same on the scores' device; ``node_doc`` their documents. Cliques are runs of host nodes:
-    ``clique_node`` lists their positions, clique by clique, ``clique_first`` where each clique
-    starts in that list, ``clique_of`` the clique of each entry and ``clique_doc`` each
-    clique's document.
+    ``clique_node`` lists their positions, clique by clique (None when the cliques are all the
+    host nodes, in order), ``clique_first`` where each clique starts in that list,
+    ``clique_of`` the clique of each entry and ``clique_doc`` each clique's document.
     """
 
     flat: numpy.ndarray
     grid_index: torch.Tensor
     node_doc: numpy.ndarray
-    clique_node: numpy.ndarray
+    clique_node: Optional[numpy.ndarray]
     clique_first: numpy.ndarray
     clique_of: numpy.ndarray
     clique_doc: numpy.ndarray
@@ -131,34 +131,19 @@ def compact(
     opens[1:] = offset[1:] + start[1:] > reach[:-1]
     cluster = opens.cumsum() - 1
     first_node = opens.nonzero()[0]
-    cl_start, cl_doc = start[first_node], doc[first_node]
-    cl_end = numpy.maximum.reduceat(end, first_node)  # a cluster's nodes are contiguous
-    cl_len = cl_end - cl_start + 1
+    cl_doc = doc[first_node]
+    if by_cluster:
+        host, host_clusters = _solved_on_host(flat, doc, start, end, opens, cluster, first_node, device)
+        if host is None:  # the usual case for a trained model: nothing to scan
+            return Compaction((), host_clusters)
+    else:
+        host = numpy.zeros(doc.size, dtype=bool)
+        host_clusters = _host_clusters(flat[:0], doc[:0], doc[:0], doc[:0], doc[:0], (), device)
+    cl_start = start[first_node]
+    cl_len = numpy.maximum.reduceat(end, first_node) - cl_start + 1  # a cluster's nodes are contiguous
     rel_start = start - cl_start[cluster]
-    host = numpy.zeros(doc.size, dtype=bool)
-    clique = small = host
-    groups = []
     if by_cluster:
         node_row, row_len, row_doc = cluster, cl_len, cl_doc
-        row_nodes = numpy.bincount(cluster)[cluster]
-        # nodes are sorted by start within a cluster: its last node starts latest
-        last_start = start[numpy.append(first_node[1:], doc.size) - 1]
-        clique = (last_start <= numpy.minimum.reduceat(end, first_node))[cluster]
-        small = ~clique & (row_nodes <= ENUMERATE_MAX_NODES)
-        host = clique | small
-        host_pos = host.cumsum() - 1  # position of each host node among the host nodes
-        n_small = int(numpy.count_nonzero(small & opens))
-        widest = int(row_nodes[small].max()) if n_small else 0
-        # one group while the padding to the widest cluster is cheaper than another group's
-        # fixed cost
-        one_group = n_small << widest <= ENUMERATE_ONE_GROUP_CELLS
-        for low, high in ((2, ENUMERATE_MAX_NODES),) if one_group else ENUMERATE_GROUPS:
-            group = small & (row_nodes >= low) & (row_nodes <= high)
-            if group.any():
-                n = int(row_nodes[group].max())
-                groups.append(_small_clusters(
-                    host_pos[group], opens[group], start[group], end[group], cl_doc[cluster[group]], n
-                ))
     else:
         # one row per document: a cluster starts after the covered tokens of the earlier
         # clusters of its document
@@ -171,12 +156,7 @@ def compact(
         node_row = cl_row[cluster]
         row_doc = cl_doc[first_of_doc]
         row_len = numpy.bincount(cl_row, weights=cl_len).astype(numpy.int64)
-    host_clusters = _host_clusters(
-        flat[host], doc[host], clique[host], cluster[host], cl_doc, tuple(groups), device
-    )
     scanned = ~host
-    if not scanned.any():  # the usual case for a trained model: nothing to scan
-        return Compaction((), host_clusters)
     has_scan = numpy.bincount(node_row[scanned], minlength=row_len.size) > 0
     node_block = numpy.where(scanned, _length_blocks(row_len, has_scan)[node_row], -1)
     blocks = []
@@ -192,6 +172,45 @@ def compact(
             rows.size, length,
         ))
     return Compaction(tuple(blocks), host_clusters)
+
+
+def _solved_on_host(flat, doc, start, end, opens, cluster, first_node, device):
+    """``(host, HostClusters)``: which nodes (NumPy arrays in node order) are in cliques or
+    small clusters, and those clusters; ``host`` is None when every node is."""
+    next_first = numpy.empty_like(first_node)
+    next_first[:-1] = first_node[1:]
+    next_first[-1] = doc.size
+    cl_nodes = next_first - first_node
+    # nodes are sorted by start within a cluster: its last node starts latest
+    cl_clique = start[next_first - 1] <= numpy.minimum.reduceat(end, first_node)
+    cl_doc = doc[first_node]
+    if cl_clique.all():  # cliques only: the host nodes are all nodes, in the same order
+        cliques = (first_node, cluster, cl_doc)
+        return None, HostClusters(flat, to_device(flat, device), doc, None, *cliques, ())
+    cl_small = ~cl_clique & (cl_nodes <= ENUMERATE_MAX_NODES)
+    host = (cl_clique | cl_small)[cluster]
+    host_pos = host.cumsum() - 1  # position of each host node among the host nodes
+    small = cl_small[cluster]
+    groups = []
+    if cl_small.any():
+        row_nodes = cl_nodes[cluster]
+        n_small = int(numpy.count_nonzero(cl_small))
+        widest = int(cl_nodes[cl_small].max())
+        # one group while the padding to the widest cluster is cheaper than another group's
+        # fixed cost
+        one_group = n_small << widest <= ENUMERATE_ONE_GROUP_CELLS
+        for low, high in ((2, ENUMERATE_MAX_NODES),) if one_group else ENUMERATE_GROUPS:
+            group = small if one_group else small & (row_nodes >= low) & (row_nodes <= high)
+            if group.any():
+                n = widest if one_group else int(row_nodes[group].max())
+                groups.append(_small_clusters(
+                    host_pos[group], opens[group], start[group], end[group], doc[group], n
+                ))
+    in_clique = cl_clique[cluster]
+    hosted = _host_clusters(
+        flat[host], doc[host], in_clique[host], cluster[host], cl_doc, tuple(groups), device
+    )
+    return (None if host.all() else host), hosted
 
 
 def to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
@@ -300,7 +319,7 @@ def solve_host(
     best = numpy.zeros(scores.size, dtype=bool) if want_best else None
     marginals = numpy.zeros(scores.size, dtype=scores.dtype) if want_marginals else None
     if host.clique_first.size:
-        node = host.clique_node
+        node = slice(None) if host.clique_node is None else host.clique_node
         s = scores[node]
         top = numpy.maximum.reduceat(s, host.clique_first)
         weights = numpy.exp(s - top[host.clique_of])
@@ -308,7 +327,8 @@ def solve_host(
         if want_best:
             # the first node of each clique reaching its maximum
             at_top = numpy.where(s == top[host.clique_of], numpy.arange(s.size), s.size)
-            best[node[numpy.minimum.reduceat(at_top, host.clique_first)]] = True
+            first_top = numpy.minimum.reduceat(at_top, host.clique_first)
+            best[first_top if host.clique_node is None else host.clique_node[first_top]] = True
         if want_marginals:
             marginals[node] = weights / norm[host.clique_of]
         numpy.add.at(totals, host.clique_doc, top if want_best else top + numpy.log(norm))

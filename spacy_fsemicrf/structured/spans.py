@@ -5,6 +5,7 @@ of tokens ``i .. i + w`` (inclusive, width ``w + 1``) of document ``b``. It is a
 ``i + w < lengths[b]``, so a document of length ``n`` has ``sum(min(K, n - i))`` candidates, at
 most ``n * K``.
 """
+import functools
 from typing import Optional
 
 import torch
@@ -20,7 +21,15 @@ def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tenso
 
 
 def span_ends(length: int, max_width: int, device: Optional[torch.device] = None) -> torch.Tensor:
-    """``LongTensor[L, K]``: the inclusive end ``i + w`` of every grid entry."""
+    """``LongTensor[L, K]``: the inclusive end ``i + w`` of every grid entry (shared between
+    calls: do not modify it in place)."""
+    return _span_ends(length, max_width, torch.device("cpu") if device is None else torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _span_ends(length: int, max_width: int, device: torch.device) -> torch.Tensor:
+    # cached: decoding a batch is dominated by fixed per-call costs, and this grid only
+    # depends on the padded shape
     starts = torch.arange(length, device=device).view(-1, 1)
     return starts + torch.arange(max_width, device=device).view(1, -1)
 
