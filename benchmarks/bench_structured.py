@@ -114,9 +114,10 @@ def make_runs(spans, emissions, gold, lengths, scheme) -> Dict[str, Dict[str, Ca
     semi_scores = spans.clone()
     semi_scores[:, :, 1:, 0] = -1e4  # null segments have width 1
 
-    def filtered_decode():
+    def filtered_decode():  # the entity rows, as semicrf_viterbi and crf_decode return them
         nodes = filtered.inference_node_set(spans, spans, lengths)
-        return filtered.filtered_viterbi(nodes.scores, nodes.mask, nodes.labels, node_index=nodes.index)
+        best, _ = filtered.decode_node_set(nodes, marginals=False)
+        return nodes.spans()[best]
 
     def filtered_loss():
         glob = spans.clone().requires_grad_(True)

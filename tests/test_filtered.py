@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spacy_fsemicrf.structured import compaction as compaction_module
-from spacy_fsemicrf.structured.compaction import _length_blocks, compact
+from spacy_fsemicrf.structured.compaction import _length_blocks
+from spacy_fsemicrf.structured.compaction import compact as compact_list
 from spacy_fsemicrf.structured.filtered import (
 
 
@@ -28,6 +29,11 @@ from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask
 from .bruteforce import liang_edges, maximal_nonoverlapping_sets
 
 DTYPE = torch.float64
+
+
+def compact(mask: torch.Tensor, by_cluster: bool):
+    """The compaction of the nodes of a ``[B, L, K]`` mask."""
+    return compact_list(mask.view(-1).nonzero().squeeze(1), tuple(mask.shape), by_cluster)
 
 
 def random_nodes(seed: int, batch: int, length: int, max_width: int, n_classes: int, density: float):
@@ -230,7 +236,8 @@ def test_compaction_cuts_clusters_and_solves_cliques_directly():
     mask[0, 20, 3] = mask[0, 22, 3] = mask[0, 24, 0] = True  # a chain 20..25: not a clique
     comp = compact(mask, by_cluster=True)
     host = comp.host
-    assert host.grid_index.numel() == 6  # every node is solved on the host
+    assert host.node is None  # every node is solved on the host, in list order
+    assert host.node_doc.tolist() == [0] * 6
     assert host.clique_first.tolist() == [0, 1] and host.clique_doc.tolist() == [0, 0]
     assert host.clique_node.tolist() == [0, 1, 2]
     # the chain is enumerated, not scanned
@@ -238,11 +245,9 @@ def test_compaction_cuts_clusters_and_solves_cliques_directly():
     assert host.small[0].slot_node.tolist() == [[3, 4, 5]]
     assert host.small[0].maximal.sum(1).tolist() == [2]  # {20..23, 24} or {22..25}
     whole = compact(mask, by_cluster=False)
-    assert whole.host.grid_index.numel() == 0
+    assert whole.host.node.size == 0
     assert [(b.n_rows, b.scan_length) for b in whole.blocks] == [(1, 1 + 3 + 6)]
-    # the node list, when given, replaces the pass over the grid
-    listed = compact(mask, True, node_index=mask.view(-1).nonzero().squeeze(1))
-    assert torch.equal(listed.host.grid_index, host.grid_index)
+    assert whole.blocks[0].node.tolist() == list(range(6))
 
 
 def test_clique_is_solved_like_a_softmax_over_its_nodes():
@@ -330,6 +335,10 @@ def test_inference_node_set_lists_the_filtered_nodes(label_major):
     assert torch.equal(mask, (local.argmax(-1) != 0) & span_mask(lengths, 7, 4))
     assert torch.equal(labels, local.argmax(-1) * mask)
     nodes = inference_node_set(local, glob, lengths)
-    assert torch.equal(nodes.mask, mask) and torch.equal(nodes.labels, labels)
-    assert torch.equal(nodes.scores, glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1) * mask)
+    assert nodes.shape == (3, 7, 4)
     assert torch.equal(nodes.index, mask.view(-1).nonzero().squeeze(1))
+    assert torch.equal(nodes.grid(), mask) and torch.equal(nodes.grid(nodes.labels), labels)
+    assert torch.equal(nodes.grid(nodes.scores), glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1) * mask)
+    doc, start, width = mask.nonzero(as_tuple=True)
+    assert nodes.spans().tolist() == torch.stack([doc, start, start + width, labels[mask]], 1).tolist()
+    assert nodes.counts().tolist() == mask.sum((1, 2)).tolist()

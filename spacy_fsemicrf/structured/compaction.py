@@ -1,6 +1,7 @@
 """Compaction of a filtered node set, and the exact solution of its small clusters on the host.
 
-Nodes come as flat indices into the ``[B, L, K]`` grid, in grid order. Without transitions
+Nodes come as a list: their flat indices into the ``[B, L, K]`` grid, in grid order; what the
+compaction returns refers to positions in that list (*node positions*). Without transitions
 they split into *clusters*: maximal runs of tokens chained by overlapping nodes. Clusters do
 not overlap each other, so a maximal set of a document is a union of maximal sets of its
 clusters: log Z adds up, Viterbi decodes each cluster alone, marginals are per cluster.
@@ -41,13 +42,13 @@ STEP_COST_IN_ROWS = 256
 
 
 class ScanBlock(NamedTuple):
-    """Where some nodes of the ``[B, L, K]`` grid go in one compact ``[N, Lc, K]`` scan grid.
+    """Where some nodes go in one compact ``[N, Lc, K]`` scan grid.
 
-    ``grid_index`` are the flat grid indices of the nodes and ``scan_index`` their flat indices
-    in the scan grid; ``row_doc`` maps the ``n_rows`` scan rows to documents.
+    ``node`` are the node positions and ``scan_index`` their flat indices in the scan grid;
+    ``row_doc`` maps the ``n_rows`` scan rows to documents.
     """
 
-    grid_index: torch.Tensor
+    node: torch.Tensor
     scan_index: torch.Tensor
     row_doc: torch.Tensor
     n_rows: int
@@ -74,15 +75,17 @@ class SmallClusters(NamedTuple):
 class HostClusters(NamedTuple):
     """The clusters solved on the host: cliques and small clusters.
 
-    ``flat`` are the flat grid indices of their nodes, the *host nodes*, and ``grid_index`` the
-    same on the scores' device; ``node_doc`` their documents. Cliques are runs of host nodes:
+    ``node`` are the node positions of their nodes, the *host nodes*, and ``node_t`` the same
+    on the scores' device; both are None when the host nodes are all the nodes, in order (then
+    the host solver reads the scores as they are). ``node_doc`` are the host nodes' documents.
+    Cliques are runs of host nodes:
     ``clique_node`` lists their positions, clique by clique (None when the cliques are all the
     host nodes, in order), ``clique_first`` where each clique starts in that list,
     ``clique_of`` the clique of each entry and ``clique_doc`` each clique's document.
     """
 
-    flat: numpy.ndarray
-    grid_index: torch.Tensor
+    node: Optional[numpy.ndarray]
+    node_t: Optional[torch.Tensor]
     node_doc: numpy.ndarray
     clique_node: Optional[numpy.ndarray]
     clique_first: numpy.ndarray
@@ -101,29 +104,25 @@ class Compaction(NamedTuple):
     host: HostClusters
 
 
-def compact(
-    node_mask: torch.Tensor, by_cluster: bool, node_index: Optional[torch.Tensor] = None
-) -> Compaction:
-    """Cut the nodes of ``node_mask [B, L, K]`` into cliques, small clusters and scan rows
-    (clusters when ``by_cluster``, else whole documents with uncovered tokens dropped).
+def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: bool) -> Compaction:
+    """Cut the nodes of a ``shape = (B, L, K)`` grid, listed by their flat grid indices in grid
+    order (``node_index``), into cliques, small clusters and scan rows (clusters when
+    ``by_cluster``, else whole documents with uncovered tokens dropped).
 
-    ``node_index``, the flat grid indices of the nodes in grid order, saves the pass over the
-    grid when the caller has it. Nodes in grid order are sorted by (doc, start); a node opens a
-    new cluster iff it starts after the furthest end of all earlier nodes of its document. A
-    cluster covers a contiguous run of tokens, so node positions relative to the cluster start
-    are already compact. Scan rows are right-aligned in their block's scan grid, so that every
-    row ends at the last position, where the scan reads END.
+    Nodes in grid order are sorted by (doc, start); a node opens a new cluster iff it starts
+    after the furthest end of all earlier nodes of its document. A cluster covers a contiguous
+    run of tokens, so node positions relative to the cluster start are already compact. Scan
+    rows are right-aligned in their block's scan grid, so that every row ends at the last
+    position, where the scan reads END.
     """
-    B, L, K = node_mask.shape
-    device = node_mask.device
-    if node_index is None:
-        node_index = node_mask.view(-1).nonzero().squeeze(1)
+    B, L, K = shape
+    device = node_index.device
     flat = node_index.cpu().numpy()
     # max(.., 1): an empty grid has no nodes to divide
     doc, start, width = flat // max(L * K, 1), flat // max(K, 1) % max(L, 1), flat % max(K, 1)
     end = start + width
     if doc.size == 0:
-        return Compaction((), _host_clusters(flat, doc, doc, doc, doc, (), device))
+        return Compaction((), _host_clusters(doc, doc, doc, doc, doc, (), device))
     offset = doc * (L + 1)  # keeps documents apart in the running maximum
     reach = numpy.maximum.accumulate(offset + end)
     opens = numpy.empty(doc.size, dtype=bool)
@@ -133,12 +132,13 @@ def compact(
     first_node = opens.nonzero()[0]
     cl_doc = doc[first_node]
     if by_cluster:
-        host, host_clusters = _solved_on_host(flat, doc, start, end, opens, cluster, first_node, device)
+        host, host_clusters = _solved_on_host(doc, start, end, opens, cluster, first_node, device)
         if host is None:  # the usual case for a trained model: nothing to scan
             return Compaction((), host_clusters)
     else:
         host = numpy.zeros(doc.size, dtype=bool)
-        host_clusters = _host_clusters(flat[:0], doc[:0], doc[:0], doc[:0], doc[:0], (), device)
+        none = doc[:0]
+        host_clusters = _host_clusters(none, none, none, none, none, (), device)
     cl_start = start[first_node]
     cl_len = numpy.maximum.reduceat(end, first_node) - cl_start + 1  # a cluster's nodes are contiguous
     rel_start = start - cl_start[cluster]
@@ -168,13 +168,13 @@ def compact(
         pad = length - row_len[node_row[in_block]]
         scan_index = (new_row * length + rel_start[in_block] + pad) * K + width[in_block]
         blocks.append(ScanBlock(
-            *(to_device(x, device) for x in (flat[in_block], scan_index, row_doc[rows])),
+            *(to_device(x, device) for x in (in_block.nonzero()[0], scan_index, row_doc[rows])),
             rows.size, length,
         ))
     return Compaction(tuple(blocks), host_clusters)
 
 
-def _solved_on_host(flat, doc, start, end, opens, cluster, first_node, device):
+def _solved_on_host(doc, start, end, opens, cluster, first_node, device):
     """``(host, HostClusters)``: which nodes (NumPy arrays in node order) are in cliques or
     small clusters, and those clusters; ``host`` is None when every node is."""
     next_first = numpy.empty_like(first_node)
@@ -186,7 +186,7 @@ def _solved_on_host(flat, doc, start, end, opens, cluster, first_node, device):
     cl_doc = doc[first_node]
     if cl_clique.all():  # cliques only: the host nodes are all nodes, in the same order
         cliques = (first_node, cluster, cl_doc)
-        return None, HostClusters(flat, to_device(flat, device), doc, None, *cliques, ())
+        return None, HostClusters(None, None, doc, None, *cliques, ())
     cl_small = ~cl_clique & (cl_nodes <= ENUMERATE_MAX_NODES)
     host = (cl_clique | cl_small)[cluster]
     host_pos = host.cumsum() - 1  # position of each host node among the host nodes
@@ -207,10 +207,12 @@ def _solved_on_host(flat, doc, start, end, opens, cluster, first_node, device):
                     host_pos[group], opens[group], start[group], end[group], doc[group], n
                 ))
     in_clique = cl_clique[cluster]
+    every = bool(host.all())
     hosted = _host_clusters(
-        flat[host], doc[host], in_clique[host], cluster[host], cl_doc, tuple(groups), device
+        None if every else host.nonzero()[0], doc[host], in_clique[host], cluster[host], cl_doc,
+        tuple(groups), device,
     )
-    return (None if host.all() else host), hosted
+    return (None if every else host), hosted
 
 
 def to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
@@ -218,16 +220,17 @@ def to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
     return out if device.type == "cpu" else out.to(device)
 
 
-def _host_clusters(flat, doc, in_clique, cluster, cl_doc, small, device) -> HostClusters:
-    """:class:`HostClusters` of the host nodes (``flat``, ``doc``, whether each is in a clique
-    and its cluster id, an index into ``cl_doc``; NumPy arrays in node order)."""
+def _host_clusters(node, doc, in_clique, cluster, cl_doc, small, device) -> HostClusters:
+    """:class:`HostClusters` of the host nodes (their node positions ``node``, None for all
+    nodes, ``doc``, whether each is in a clique and its cluster id, an index into ``cl_doc``;
+    NumPy arrays in node order)."""
     clique_node = in_clique.nonzero()[0]
     ids = cluster[clique_node]
     opens = numpy.ones(ids.size, dtype=bool)
     opens[1:] = ids[1:] != ids[:-1]
     clique_first = opens.nonzero()[0]
     return HostClusters(
-        flat, to_device(flat, device), doc, clique_node, clique_first, opens.cumsum() - 1,
+        node, None if node is None else to_device(node, device), doc, clique_node, clique_first, opens.cumsum() - 1,
         cl_doc[ids[clique_first]], small,
     )
 

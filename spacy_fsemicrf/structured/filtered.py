@@ -7,7 +7,8 @@ Liang et al., 1991), scored by the sum of its nodes' scores plus, optionally, th
 ``T[prev, next]`` between consecutive nodes (``T`` is ``[C + 1, C + 1]``, row C = START,
 column C = END). The empty node set has the single empty path, of score 0.
 
-Every algorithm goes through one solver, ``_solve``, over a *compacted* copy of the nodes
+Every algorithm goes through one solver, ``_solve``, over the *list* of nodes (their flat grid
+indices in grid order, with their scores and labels) and a *compacted* copy of it
 (:mod:`.compaction`): clusters of pairwise overlapping nodes (cliques) and other small
 clusters are solved exactly on the host; log Z stays differentiable there through its
 gradient, the node marginals. The remaining rows (larger clusters, or whole documents when
@@ -17,34 +18,59 @@ uncovered tokens preserves, and then the predecessors of a node starting at ``s`
 ``[s - 2K + 1, s - 1]``, so each step reads a window of ``2K - 1`` ends, not the prefix.
 Marginals of scanned rows come from the scan of the rows and of the mirrored rows.
 
-The scan loops over positions only and is batched tensor code on the scores' device. Each
-solver takes an optional ``node_index``: the flat grid indices of the nodes in grid order
-(:attr:`NodeSet.index`), which saves a pass over the grid.
+The scan loops over positions only and is batched tensor code on the scores' device.
+
+Two ways in: the grid functions (``filtered_log_partition``, ``filtered_viterbi``, ...) take
+``[B, L, K]`` grids and list their nodes first (an optional ``node_index`` saves that pass);
+prediction goes through :func:`inference_node_set` and :func:`decode_node_set`, which never
+build a grid: a trained model keeps about one node per entity, and at that size decoding a batch
+costs a fixed number of small calls, so every grid pass saved shows.
 """
 from typing import NamedTuple, Optional, Tuple
 
+import numpy
 import torch
 
-from .compaction import HostLogPartition, ScanBlock, to_device, compact, solve_host
+from .compaction import HostClusters, HostLogPartition, ScanBlock, compact, solve_host, to_device
 from .semiring import NEG, lse, logaddexp, masked_fill_neg
-from .spans import overlap_mask, span_mask
+from .spans import overlap_mask, span_ends, span_mask
 
 
 # ----------------------------------------------------------------------------- node sets
 
 
 class NodeSet(NamedTuple):
-    """A filtered node set on the ``[B, L, K]`` grid, with its nodes also listed.
+    """The nodes of a filtered graph on the ``[B, L, K]`` grid ``shape``, as a list in grid
+    order (by document, start, width).
 
-    ``index`` holds the flat grid indices of the nodes in grid order (by document, start,
-    width): the compaction starts from that list, so a solver handed it skips a pass over the
-    grid. ``scores`` are the global scores read at each node's label (0 off the nodes).
+    ``index`` holds their flat grid indices, ``labels`` their labels and ``scores`` their global
+    scores (read at their labels); all three are ``[n]``.
     """
 
-    mask: torch.Tensor
+    index: torch.Tensor
     labels: torch.Tensor
     scores: torch.Tensor
-    index: torch.Tensor
+    shape: Tuple[int, int, int]
+
+    def grid(self, values: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``values [n]`` on the ``[B, L, K]`` grid (0 elsewhere); the node mask without them."""
+        if values is None:
+            values = torch.ones_like(self.index, dtype=torch.bool)
+        return _on_grid(self.index, values, self.shape)
+
+    def spans(self) -> torch.Tensor:
+        """``LongTensor[n, 4]``: the nodes as rows ``(doc, start, end inclusive, label)``."""
+        # on the host, like the compaction: a few NumPy calls on a short list
+        B, L, K = self.shape
+        index = self.index.cpu().numpy()
+        start = index // K % L
+        rows = [index // (L * K), start, start + index % K, self.labels.cpu().numpy()]
+        return to_device(numpy.stack(rows, axis=1), self.index.device)
+
+    def counts(self) -> torch.Tensor:
+        """``LongTensor[B]``: nodes per document (the filtered graph size)."""
+        B, L, K = self.shape
+        return torch.bincount(self.index // (L * K), minlength=B)
 
 
 def _label_planes(scores: torch.Tensor) -> torch.Tensor:
@@ -53,19 +79,28 @@ def _label_planes(scores: torch.Tensor) -> torch.Tensor:
     return scores.permute(3, 0, 1, 2).reshape(scores.shape[-1], -1)
 
 
-def _filter(
-    local_scores: torch.Tensor, lengths: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(mask [B, L, K], index [n], labels [n])``: the candidate spans whose local argmax is
-    not null, as a grid, as flat grid indices (in grid order), and their local argmax labels."""
+def _filter(local_scores: torch.Tensor, lengths: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(index [n], labels [n])``: the candidate spans whose local argmax is not null, as flat
+    grid indices (in grid order), and their local argmax labels.
+
+    A maximum over the non-null label planes compared with the null plane is several times
+    faster than an argmax over the label axis; the argmax then runs on the kept spans only.
+    Ties go to null, as with argmax. On the CPU this runs in NumPy, whose calls cost a few
+    microseconds where PyTorch's cost tens (``nonzero`` 4x, the argmax over the kept spans 3x,
+    measured at 32 x 64 tokens), and decoding a batch is made of such calls.
+    """
     B, L, K, C = local_scores.shape
-    planes = _label_planes(local_scores)
-    # amax + a comparison over whole planes is several times faster than argmax over the label
-    # axis on CPU; argmax then runs on the kept spans only. Ties go to null, as with argmax.
+    planes = _label_planes(local_scores.detach())
+    if planes.device.type == "cpu" and planes.dtype != torch.bfloat16:  # NumPy has no bfloat16
+        p = planes.numpy()
+        keep = numpy.maximum.reduce(p[1:], axis=0) > p[0]
+        keep &= (span_ends(L, K).numpy() < lengths.cpu().numpy().reshape(-1, 1, 1)).reshape(-1)
+        index = numpy.flatnonzero(keep)
+        return torch.from_numpy(index), torch.from_numpy(p[1:, index].argmax(0) + 1)
     keep = (planes[1:].amax(0) > planes[0]) & span_mask(lengths, L, K).view(-1)
     index = keep.nonzero().squeeze(1)
     # rows of the transposed planes: a gather along the first axis is the fast one
-    return keep.view(B, L, K), index, planes.T[index, 1:].argmax(1) + 1
+    return index, planes.T[index, 1:].argmax(1) + 1
 
 
 def _on_grid(index: torch.Tensor, values: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
@@ -81,18 +116,19 @@ def inference_nodes(
 
     ``local_scores`` is ``[B, L, K, C]``; returns ``(node_mask [B, L, K], node_labels [B, L, K])``.
     """
-    mask, index, labels = _filter(local_scores, lengths)
-    return mask, _on_grid(index, labels, mask.shape)
+    index, labels = _filter(local_scores, lengths)
+    shape = local_scores.shape[:3]
+    return _on_grid(index, torch.ones_like(index, dtype=torch.bool), shape), _on_grid(index, labels, shape)
 
 
 def inference_node_set(
     local_scores: torch.Tensor, global_scores: torch.Tensor, lengths: torch.Tensor
 ) -> NodeSet:
-    """The inference nodes of :func:`inference_nodes` with their global scores
-    (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``) and their list."""
-    mask, index, labels = _filter(local_scores, lengths)
+    """The nodes of :func:`inference_nodes` as a :class:`NodeSet`, with their global scores
+    (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``)."""
+    index, labels = _filter(local_scores, lengths)
     scores = _label_planes(global_scores)[labels, index].float()
-    return NodeSet(mask, _on_grid(index, labels, mask.shape), _on_grid(index, scores, mask.shape), index)
+    return NodeSet(index, labels, scores, tuple(local_scores.shape[:3]))
 
 
 def training_nodes(
@@ -130,9 +166,9 @@ def start_bound(node_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _to_scan_grid(values: torch.Tensor, block: ScanBlock, K: int, fill: float) -> torch.Tensor:
-    """Gather ``values`` (flattened ``[B, L, K]``) into the block's ``[N, Lc, K]`` scan grid."""
+    """Gather the node list's ``values [n]`` into the block's ``[N, Lc, K]`` scan grid."""
     out = values.new_full((block.n_rows * block.scan_length * K,), fill)
-    out = out.index_put((block.scan_index,), values.reshape(-1)[block.grid_index])
+    out = out.index_put((block.scan_index,), values[block.node])
     return out.view(block.n_rows, block.scan_length, K)
 
 
@@ -326,11 +362,75 @@ def _scan_marginals(
 
 class _Solution(NamedTuple):
     total: torch.Tensor  # [B]: log Z, or the best path's score when the best path is asked for
-    chosen: Optional[torch.Tensor]  # [B, L, K] bool: the best path
-    marginals: Optional[torch.Tensor]  # [B, L, K]: node marginals
+    best: Optional[torch.Tensor]  # [n] bool: the nodes on the best path
+    marginals: Optional[torch.Tensor]  # [n]: node marginals
+
+
+def _from_host(values: numpy.ndarray, host: HostClusters, n: int, device: torch.device) -> torch.Tensor:
+    """Per-node results of the host solver (over the host nodes) as an ``[n]`` tensor over the
+    node list, 0 at the scanned nodes (the scan fills them in)."""
+    if host.node is not None:
+        values, host_values = numpy.zeros(n, dtype=values.dtype), values
+        values[host.node] = host_values
+    return to_device(values, device)
 
 
 def _solve(
+    index: torch.Tensor,
+    scores: torch.Tensor,
+    labels: Optional[torch.Tensor],
+    shape: Tuple[int, int, int],
+    transitions: Optional[torch.Tensor],
+    mode: str,
+) -> _Solution:
+    """Solve every document of a node list (flat grid ``index`` in grid order, ``scores`` and
+    ``labels``, all ``[n]``, on the grid ``shape``); ``mode`` is "log_z", "viterbi",
+    "marginals" or "decode" (Viterbi and marginals from one compaction).
+
+    Cliques and small clusters are solved on the host; the rest are scanned (marginals from a
+    forward and a mirrored scan). Only "log_z" is differentiable: training takes its gradient
+    through the same code.
+    """
+    B, L, K = shape
+    n, device = index.numel(), scores.device
+    want_best = mode in ("viterbi", "decode")
+    want_marginals = mode in ("marginals", "decode")
+    comp = compact(index, shape, by_cluster=transitions is None)
+    host = comp.host
+    host_scores = scores if host.node is None else scores[host.node_t]
+    best = marginals = None
+    if mode == "log_z":
+        totals = HostLogPartition.apply(host_scores, host, B)
+    else:
+        solved = solve_host(host, host_scores.detach().cpu().numpy(), B, want_best, want_marginals)
+        totals = torch.from_numpy(solved.totals).to(device)
+        if want_best:
+            best = _from_host(solved.best, host, n, device)
+        if want_marginals:
+            marginals = _from_host(solved.marginals, host, n, device)
+    if comp.blocks:
+        labels = torch.zeros_like(index) if labels is None else labels
+        present = torch.ones_like(index, dtype=torch.bool)
+    for block in comp.blocks:
+        scan_scores = _to_scan_grid(scores, block, K, NEG)
+        scan_mask = _to_scan_grid(present, block, K, False)
+        scan_labels = _to_scan_grid(labels, block, K, 0)
+        if want_marginals:
+            log_z, block_marginals = _scan_marginals(scan_scores, scan_mask, scan_labels, transitions)
+            marginals[block.node] = block_marginals.reshape(-1)[block.scan_index]
+        if want_best:
+            result = _scan(scan_scores, scan_mask, scan_labels, transitions, True)
+            totals = totals.index_add(0, block.row_doc, result.total)
+            best[block.node] = result.best_nodes.reshape(-1)[block.scan_index]
+        elif want_marginals:
+            totals = totals.index_add(0, block.row_doc, log_z)
+        else:
+            log_z = _scan(scan_scores, scan_mask, scan_labels, transitions, False).total
+            totals = totals.index_add(0, block.row_doc, log_z)
+    return _Solution(totals, best, marginals)
+
+
+def _solve_grid(
     node_scores: torch.Tensor,
     node_mask: torch.Tensor,
     node_labels: Optional[torch.Tensor],
@@ -338,62 +438,18 @@ def _solve(
     mode: str,
     node_index: Optional[torch.Tensor] = None,
 ) -> _Solution:
-    """Solve every document; ``mode`` is "log_z", "viterbi", "marginals" or "decode" (Viterbi
-    and marginals from one compaction).
-
-    Only the scores of the nodes are read: the rest of ``node_scores`` may hold anything.
-    One-node clusters are on every path (marginal 1); small clusters are solved by enumeration
-    (their marginals are the softmax over their maximal sets); the rest are scanned (marginals
-    from a forward and a mirrored scan). Only "log_z" is differentiable: training takes its
-    gradient through the same code.
-    """
-    B, L, K = node_mask.shape
-    want_best = mode in ("viterbi", "decode")
-    want_marginals = mode in ("marginals", "decode")
-    comp = compact(node_mask, by_cluster=transitions is None, node_index=node_index)
-    flat_scores = node_scores.reshape(-1)
-    host_scores = flat_scores[comp.host.grid_index]
-    chosen = marginals = None
-    if mode == "log_z":
-        totals = HostLogPartition.apply(host_scores, comp.host, B)
-    else:
-        host = solve_host(comp.host, host_scores.detach().cpu().numpy(), B, want_best, want_marginals)
-        totals = torch.from_numpy(host.totals).to(node_scores.device)
-    if want_best:
-        chosen = torch.zeros(B * L * K, dtype=torch.bool, device=node_mask.device)
-        chosen[to_device(comp.host.flat[host.best], node_mask.device)] = True
-    if want_marginals:
-        marginals = node_scores.new_zeros(B * L * K)
-        marginals[comp.host.grid_index] = to_device(host.marginals, node_mask.device)
-    labels = node_labels if node_labels is not None else torch.zeros_like(node_mask, dtype=torch.long)
-    for block in comp.blocks:
-        scan_scores = _to_scan_grid(node_scores, block, K, NEG)
-        scan_mask = _to_scan_grid(node_mask, block, K, False)
-        scan_labels = _to_scan_grid(labels * node_mask, block, K, 0)
-        if want_marginals:
-            log_z, block_marginals = _scan_marginals(scan_scores, scan_mask, scan_labels, transitions)
-            marginals[block.grid_index] = block_marginals.reshape(-1)[block.scan_index]
-        if want_best:
-            result = _scan(scan_scores, scan_mask, scan_labels, transitions, True)
-            totals = totals.index_add(0, block.row_doc, result.total)
-            chosen[block.grid_index[result.best_nodes.reshape(-1)[block.scan_index]]] = True
-        elif want_marginals:
-            totals = totals.index_add(0, block.row_doc, log_z)
-        else:
-            log_z = _scan(scan_scores, scan_mask, scan_labels, transitions, False).total
-            totals = totals.index_add(0, block.row_doc, log_z)
+    """:func:`_solve` for nodes given as ``[B, L, K]`` grids (only the nodes' entries are read;
+    the rest of ``node_scores`` may hold anything), its per-node results back on the grid."""
+    if node_index is None:
+        node_index = node_mask.reshape(-1).nonzero().squeeze(1)
+    labels = None if node_labels is None else node_labels.reshape(-1)[node_index]
+    shape = tuple(node_mask.shape)
+    solution = _solve(node_index, node_scores.reshape(-1)[node_index], labels, shape, transitions, mode)
     return _Solution(
-        totals,
-        None if chosen is None else chosen.view(B, L, K),
-        None if marginals is None else marginals.view(B, L, K),
+        solution.total,
+        None if solution.best is None else _on_grid(node_index, solution.best, shape),
+        None if solution.marginals is None else _on_grid(node_index, solution.marginals, shape),
     )
-
-
-def _solve_no_grad(
-    node_scores, node_mask, node_labels, transitions, mode: str, node_index=None
-) -> _Solution:
-    with torch.no_grad():
-        return _solve(node_scores, node_mask, node_labels, transitions, mode, node_index)
 
 
 def filtered_log_partition(
@@ -404,10 +460,15 @@ def filtered_log_partition(
     node_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``log Z`` per document, ``[B]``: logsumexp of the scores of all maximal paths
-    (differentiable: its gradient with respect to the node scores is the node marginals)."""
-    return _solve(node_scores, node_mask, node_labels, transitions, "log_z", node_index).total
+    (differentiable: its gradient with respect to the node scores is the node marginals).
+
+    ``node_scores``, ``node_mask`` and ``node_labels`` are ``[B, L, K]`` grids (labels only
+    matter with ``transitions``); ``node_index``, the flat indices of the nodes in grid order,
+    saves the pass over the mask when the caller has it."""
+    return _solve_grid(node_scores, node_mask, node_labels, transitions, "log_z", node_index).total
 
 
+@torch.no_grad()
 def filtered_viterbi(
     node_scores: torch.Tensor,
     node_mask: torch.Tensor,
@@ -416,10 +477,11 @@ def filtered_viterbi(
     node_index: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The best path: ``(chosen BoolTensor[B, L, K], best score [B])``."""
-    solution = _solve_no_grad(node_scores, node_mask, node_labels, transitions, "viterbi", node_index)
-    return solution.chosen, solution.total
+    solution = _solve_grid(node_scores, node_mask, node_labels, transitions, "viterbi", node_index)
+    return solution.best, solution.total
 
 
+@torch.no_grad()
 def filtered_marginals(
     node_scores: torch.Tensor,
     node_mask: torch.Tensor,
@@ -428,9 +490,10 @@ def filtered_marginals(
     node_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``[B, L, K]``: the probability that each node is on the path (0 for non-nodes)."""
-    return _solve_no_grad(node_scores, node_mask, node_labels, transitions, "marginals", node_index).marginals
+    return _solve_grid(node_scores, node_mask, node_labels, transitions, "marginals", node_index).marginals
 
 
+@torch.no_grad()
 def filtered_decode(
     node_scores: torch.Tensor,
     node_mask: torch.Tensor,
@@ -439,9 +502,21 @@ def filtered_decode(
     node_index: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The best path and every node's marginal, ``(chosen [B, L, K], marginals [B, L, K])``,
-    sharing one compaction (what a pipeline needs at prediction time)."""
-    solution = _solve_no_grad(node_scores, node_mask, node_labels, transitions, "decode", node_index)
-    return solution.chosen, solution.marginals
+    sharing one compaction."""
+    solution = _solve_grid(node_scores, node_mask, node_labels, transitions, "decode", node_index)
+    return solution.best, solution.marginals
+
+
+@torch.no_grad()
+def decode_node_set(
+    nodes: NodeSet, transitions: Optional[torch.Tensor] = None, marginals: bool = True
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Decode a :class:`NodeSet` without a grid (what a pipeline does at prediction time):
+    ``(best BoolTensor[n], marginals [n])``, whether each listed node is on the best path and
+    its marginal probability (None when ``marginals`` is False: Viterbi only)."""
+    mode = "decode" if marginals else "viterbi"
+    solution = _solve(nodes.index, nodes.scores, nodes.labels, nodes.shape, transitions, mode)
+    return solution.best, solution.marginals
 
 
 def path_score(

@@ -173,20 +173,15 @@ class FilteredSemiCRFHead(nn.Module):
     def decode(self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor) -> Decoded:
         nodes = self.nodes(local, glob, lengths)
         T = None if self.transitions is None else self.transitions.detach().float()
-        chosen, marginals = filtered.filtered_decode(
-            nodes.scores, nodes.mask, nodes.labels, T, node_index=nodes.index
-        )
-        doc, start, width = chosen.nonzero(as_tuple=True)
-        if doc.numel() == 0:
-            return _empty_decoded(local.device)
-        spans = torch.stack([doc, start, start + width, nodes.labels[doc, start, width]], dim=1)
-        return spans, marginals[doc, start, width].clamp(0.0, 1.0)
+        best, marginals = filtered.decode_node_set(nodes, T)
+        # the node list is in grid order, so the spans come sorted by (doc, start)
+        return nodes.spans()[best], marginals[best].clamp(0.0, 1.0)
 
     @torch.no_grad()
     def count_nodes(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``LongTensor[B]``: the size of the filtered graph (kept nodes) of each document."""
         local, glob = self.span_scores(X)
-        return filtered.count_nodes(self.nodes(local, glob, lengths).mask)
+        return self.nodes(local, glob, lengths).counts()
 
 
 class SemiCRFHead(nn.Module):
