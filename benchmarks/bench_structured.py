@@ -117,7 +117,7 @@ def make_runs(spans, emissions, gold, lengths, scheme) -> Dict[str, Dict[str, Ca
     def filtered_decode():  # the entity rows, as semicrf_viterbi and crf_decode return them
         nodes = filtered.inference_node_set(spans, spans, lengths)
         best, _ = filtered.decode_node_set(nodes, marginals=False)
-        return nodes.spans()[best]
+        return nodes.spans(best)
 
     def filtered_loss():
         glob = spans.clone().requires_grad_(True)

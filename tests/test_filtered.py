@@ -285,6 +285,20 @@ def test_scanned_and_enumerated_clusters_agree(monkeypatch):
     assert torch.allclose(default[2], default[3])
 
 
+def test_small_clusters_agree_enumerated_in_one_group_or_by_size(monkeypatch):
+    """Small clusters of different sizes enumerated in one group (padded to the widest) or in
+    groups by node count give the same results."""
+    lengths, mask, scores, labels, _ = random_nodes(7, 8, 40, 4, 4, 0.25)
+    sizes = {s.slot_node.shape[1] for s in compact(mask, True).host.small}
+    assert len(compact(mask, True).host.small) == 1 and max(sizes) >= 5  # one group, padded
+    default = (filtered_log_partition(scores, mask), filtered_decode(scores, mask))
+    monkeypatch.setattr(compaction_module, "ENUMERATE_ONE_GROUP_CELLS", 0)
+    assert len(compact(mask, True).host.small) == 2  # sizes 2-4 apart from 5-8
+    assert torch.allclose(default[0], filtered_log_partition(scores, mask))
+    chosen, marginals = filtered_decode(scores, mask)
+    assert torch.equal(default[1][0], chosen) and torch.allclose(default[1][1], marginals)
+
+
 def test_length_blocks_split_many_short_rows_from_a_long_one():
     row_len = numpy.array([2] * 2000 + [3] + [60])
     blocks = _length_blocks(row_len, numpy.ones(row_len.size, dtype=bool))
@@ -338,7 +352,11 @@ def test_inference_node_set_lists_the_filtered_nodes(label_major):
     assert nodes.shape == (3, 7, 4)
     assert torch.equal(nodes.index, mask.view(-1).nonzero().squeeze(1))
     assert torch.equal(nodes.grid(), mask) and torch.equal(nodes.grid(nodes.labels), labels)
-    assert torch.equal(nodes.grid(nodes.scores), glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1) * mask)
+    node_scores = glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1) * mask
+    assert torch.equal(nodes.grid(nodes.scores), node_scores)
     doc, start, width = mask.nonzero(as_tuple=True)
-    assert nodes.spans().tolist() == torch.stack([doc, start, start + width, labels[mask]], 1).tolist()
+    rows = torch.stack([doc, start, start + width, labels[mask]], 1)
+    assert nodes.spans().tolist() == rows.tolist()
+    some = torch.arange(len(rows)) % 2 == 0
+    assert nodes.spans(some).tolist() == rows[some].tolist()
     assert nodes.counts().tolist() == mask.sum((1, 2)).tolist()

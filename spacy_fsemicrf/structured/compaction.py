@@ -109,30 +109,35 @@ def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: b
     order (``node_index``), into cliques, small clusters and scan rows (clusters when
     ``by_cluster``, else whole documents with uncovered tokens dropped).
 
-    Nodes in grid order are sorted by (doc, start); a node opens a new cluster iff it starts
-    after the furthest end of all earlier nodes of its document. A cluster covers a contiguous
-    run of tokens, so node positions relative to the cluster start are already compact. Scan
-    rows are right-aligned in their block's scan grid, so that every row ends at the last
-    position, where the scan reads END.
+    Nodes in grid order are sorted by (doc, start). Their starts and ends are placed on one
+    line for the whole batch, with a gap between documents (``doc * (L + 1) + start``): then a
+    node opens a new cluster iff it starts after the furthest end of all earlier nodes, and
+    the running maximum of the ends never reaches into the next document. A cluster covers a
+    contiguous run of tokens, so node positions relative to the cluster start are already
+    compact. Scan rows are right-aligned in their block's scan grid, so that every row ends at
+    the last position, where the scan reads END.
     """
     B, L, K = shape
     device = node_index.device
     flat = node_index.cpu().numpy()
     # max(.., 1): an empty grid has no nodes to divide
-    doc, start, width = flat // max(L * K, 1), flat // max(K, 1) % max(L, 1), flat % max(K, 1)
+    row, width = numpy.divmod(flat, max(K, 1))  # row = doc * L + start
+    doc = row // max(L, 1)
+    start = row + doc  # on the batch's line (only differences of positions matter below)
     end = start + width
     if doc.size == 0:
         return Compaction((), _host_clusters(doc, doc, doc, doc, doc, (), device))
-    offset = doc * (L + 1)  # keeps documents apart in the running maximum
-    reach = numpy.maximum.accumulate(offset + end)
+    reach = numpy.maximum.accumulate(end)
     opens = numpy.empty(doc.size, dtype=bool)
     opens[0] = True
-    opens[1:] = offset[1:] + start[1:] > reach[:-1]
+    numpy.greater(start[1:], reach[:-1], out=opens[1:])
     cluster = opens.cumsum() - 1
-    first_node = opens.nonzero()[0]
+    first_node = numpy.flatnonzero(opens)
     cl_doc = doc[first_node]
     if by_cluster:
-        host, host_clusters = _solved_on_host(doc, start, end, opens, cluster, first_node, device)
+        host, host_clusters = _solved_on_host(
+            doc, start, end, opens, cluster, first_node, cl_doc, device
+        )
         if host is None:  # the usual case for a trained model: nothing to scan
             return Compaction((), host_clusters)
     else:
@@ -174,16 +179,13 @@ def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: b
     return Compaction(tuple(blocks), host_clusters)
 
 
-def _solved_on_host(doc, start, end, opens, cluster, first_node, device):
+def _solved_on_host(doc, start, end, opens, cluster, first_node, cl_doc, device):
     """``(host, HostClusters)``: which nodes (NumPy arrays in node order) are in cliques or
     small clusters, and those clusters; ``host`` is None when every node is."""
-    next_first = numpy.empty_like(first_node)
-    next_first[:-1] = first_node[1:]
-    next_first[-1] = doc.size
+    next_first = numpy.append(first_node[1:], doc.size)
     cl_nodes = next_first - first_node
     # nodes are sorted by start within a cluster: its last node starts latest
     cl_clique = start[next_first - 1] <= numpy.minimum.reduceat(end, first_node)
-    cl_doc = doc[first_node]
     if cl_clique.all():  # cliques only: the host nodes are all nodes, in the same order
         cliques = (first_node, cluster, cl_doc)
         return None, HostClusters(None, None, doc, None, *cliques, ())
@@ -229,9 +231,10 @@ def _host_clusters(node, doc, in_clique, cluster, cl_doc, small, device) -> Host
     opens = numpy.ones(ids.size, dtype=bool)
     opens[1:] = ids[1:] != ids[:-1]
     clique_first = opens.nonzero()[0]
+    node_t = None if node is None else to_device(node, device)
     return HostClusters(
-        node, None if node is None else to_device(node, device), doc, clique_node, clique_first, opens.cumsum() - 1,
-        cl_doc[ids[clique_first]], small,
+        node, node_t, doc, clique_node, clique_first, opens.cumsum() - 1, cl_doc[ids[clique_first]],
+        small,
     )
 
 
@@ -321,17 +324,21 @@ def solve_host(
     totals = numpy.zeros(n_docs, dtype=scores.dtype)
     best = numpy.zeros(scores.size, dtype=bool) if want_best else None
     marginals = numpy.zeros(scores.size, dtype=scores.dtype) if want_marginals else None
+    # the exponentials are only needed for log Z and the marginals, not for Viterbi alone
+    want_weights = want_marginals or not want_best
     if host.clique_first.size:
         node = slice(None) if host.clique_node is None else host.clique_node
         s = scores[node]
         top = numpy.maximum.reduceat(s, host.clique_first)
-        weights = numpy.exp(s - top[host.clique_of])
-        norm = numpy.add.reduceat(weights, host.clique_first)
+        top_of = top[host.clique_of]
         if want_best:
             # the first node of each clique reaching its maximum
-            at_top = numpy.where(s == top[host.clique_of], numpy.arange(s.size), s.size)
+            at_top = numpy.where(s == top_of, numpy.arange(s.size), s.size)
             first_top = numpy.minimum.reduceat(at_top, host.clique_first)
             best[first_top if host.clique_node is None else host.clique_node[first_top]] = True
+        if want_weights:
+            weights = numpy.exp(s - top_of)
+            norm = numpy.add.reduceat(weights, host.clique_first)
         if want_marginals:
             marginals[node] = weights / norm[host.clique_of]
         numpy.add.at(totals, host.clique_doc, top if want_best else top + numpy.log(norm))
@@ -339,11 +346,15 @@ def solve_host(
         subsets = small.subsets.astype(scores.dtype)
         slot_scores = numpy.where(small.present, scores[small.slot_node], 0.0)
         subset_scores = numpy.where(small.maximal, slot_scores @ subsets.T, -numpy.inf)
-        top = subset_scores.max(1)
-        weights = numpy.exp(subset_scores - top[:, None])
         if want_best:
-            chosen = small.subsets[subset_scores.argmax(1)] & small.present
+            argmax = subset_scores.argmax(1)
+            top = subset_scores[numpy.arange(argmax.size), argmax]
+            chosen = small.subsets[argmax] & small.present
             best[small.slot_node[chosen]] = True
+        else:
+            top = subset_scores.max(1)
+        if want_weights:
+            weights = numpy.exp(subset_scores - top[:, None])
         if want_marginals:
             slot_marginals = (weights / weights.sum(1, keepdims=True)) @ subsets
             marginals[small.slot_node[small.present]] = slot_marginals[small.present]

@@ -175,7 +175,7 @@ class FilteredSemiCRFHead(nn.Module):
         T = None if self.transitions is None else self.transitions.detach().float()
         best, marginals = filtered.decode_node_set(nodes, T)
         # the node list is in grid order, so the spans come sorted by (doc, start)
-        return nodes.spans()[best], marginals[best].clamp(0.0, 1.0)
+        return nodes.spans(best), marginals[best].clamp(0.0, 1.0)
 
     @torch.no_grad()
     def count_nodes(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
