@@ -132,7 +132,7 @@ def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: b
     opens[0] = True
     numpy.greater(start[1:], reach[:-1], out=opens[1:])
     cluster = opens.cumsum() - 1
-    first_node = numpy.flatnonzero(opens)
+    first_node = opens.nonzero()[0]
     cl_doc = doc[first_node]
     if by_cluster:
         host, host_clusters = _solved_on_host(
