@@ -10,7 +10,8 @@ added to ``--paths.train/--paths.dev`` and ``defaults`` (a top-level ``{"default
 "jobs": [...]}`` form is accepted too). Each job runs ``scripts/train.py`` (its log and summary
 land in OUTPUT/NAME), then ``spacy evaluate`` on the test set. Writes RESULTS.json and RESULTS.md
 with dev and test F1 per job, and the mean and spread per job group (the name up to ``@``, so
-``fsemicrf@seed1`` and ``fsemicrf@seed2`` form the group ``fsemicrf``).
+``fsemicrf@seed1`` and ``fsemicrf@seed2`` form the group ``fsemicrf``). ``--add-runs`` puts
+the runs of earlier results files in the same table, e.g. a baseline's seeds.
 """
 from __future__ import annotations
 
@@ -93,6 +94,20 @@ def collect(job: Dict[str, Any], out: Path) -> Dict[str, Any]:
     return result
 
 
+def earlier_runs(paths: List[Path], groups, skip) -> List[Dict[str, Any]]:
+    """The runs recorded in earlier results files, less those named in ``skip`` and, when
+    ``groups`` is given, those of other groups; a run named in several files is taken once,
+    from the first."""
+    runs, seen = [], set(skip)
+    for path in paths:
+        for run in json.loads(path.read_text())["runs"]:
+            group = run["name"].split("@")[0]
+            if run["name"] not in seen and (groups is None or group in groups):
+                runs.append(run)
+                seen.add(run["name"])
+    return runs
+
+
 def group_stats(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     groups: Dict[str, List[Dict[str, Any]]] = {}
     for r in results:
@@ -109,12 +124,15 @@ def group_stats(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return rows
 
 
-def write_results(results, groups, path: Path, jobs_file: Path, reference: str = "") -> None:
+def write_results(
+    results, groups, path: Path, jobs_file: Path, reference: str = "", added: List[Path] = ()
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps({"jobs_file": str(jobs_file), "runs": results,
                                                      "groups": groups}, indent=2) + "\n")
     ref = {g["group"]: g for g in groups}.get(reference, {}).get("test_f1_mean")
-    lines = [f"Jobs: `{jobs_file}`; one CPU thread per run; F1 of model-best (best dev step).", "",
+    source = f"Jobs: `{jobs_file}`" + "".join(f"; runs added from `{p}`" for p in added)
+    lines = [f"{source}; one CPU thread per run; F1 of model-best (best dev step).", "",
              "| group | runs | dev F1 mean (sd) | test F1 mean (sd) | test F1 per run |"
              + (f" test F1 vs {reference} |" if ref is not None else ""),
              "|---|---|---|---|---|" + ("---|" if ref is not None else "")]
@@ -142,6 +160,11 @@ def main(argv=None) -> None:
     p.add_argument("--only", nargs="*", default=None, help="run only these job names")
     p.add_argument("--reference", default="", help="group to compare the test F1 means with")
     p.add_argument("--no-test", action="store_true", help="skip the test-set evaluation")
+    p.add_argument("--add-runs", type=Path, nargs="*", default=[],
+                   help="also tabulate the runs of these earlier results files (e.g. a baseline's "
+                        "seeds from another sweep); a run of this sweep replaces one of the same name")
+    p.add_argument("--add-groups", nargs="*", default=None,
+                   help="with --add-runs: only the runs of these groups")
     p.add_argument("--collect", action="store_true",
                    help="train nothing: tabulate the jobs already run under --output (e.g. on "
                         "several machines), skipping those without a training summary")
@@ -156,8 +179,9 @@ def main(argv=None) -> None:
     else:
         with ThreadPoolExecutor(max_workers=args.workers) as pool:
             results = list(pool.map(lambda j: run_job(j, args), jobs))
+    results = earlier_runs(args.add_runs, args.add_groups, {r["name"] for r in results}) + results
     groups = group_stats(results)
-    write_results(results, groups, args.results, args.jobs, args.reference)
+    write_results(results, groups, args.results, args.jobs, args.reference, args.add_runs)
     print(args.results.with_suffix(".md").read_text())
 
 

@@ -170,3 +170,34 @@ def test_mixed_precision_config_runs_in_float32_on_cpu(caplog):
     ner = nlp.get_pipe("fsemicrf_ner")
     loss, _ = ner.get_loss(make_examples(nlp), None)
     assert loss > 0
+
+
+@pytest.mark.parametrize("config_file", ["configs/fsemicrf_cnn.cfg", "configs/fsemicrf_trf.cfg"])
+def test_head_defaults_agree_everywhere(config_file):
+    """The head settings of the shipped configs, the component's default model, the registered
+    architecture and the PyTorch head have the same defaults (changing one means all)."""
+    import inspect
+    from pathlib import Path
+
+    from thinc.api import Config
+
+    from spacy_fsemicrf.architectures import build_filtered_semicrf
+    from spacy_fsemicrf.component import DEFAULT_MODEL
+    from spacy_fsemicrf.structured import FilteredSemiCRFHead
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = Config().from_disk(root / config_file, interpolate=False)
+    shipped = shipped["components"]["fsemicrf_ner"]["model"]
+
+    def head_settings(params):
+        return {k: v for k, v in params.items() if k not in ("@architectures", "tok2vec")}
+
+    def signature_defaults(fn):
+        return {k: p.default for k, p in inspect.signature(fn).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+
+    component = head_settings(DEFAULT_MODEL)
+    assert head_settings(shipped) == component
+    assert {k: v for k, v in signature_defaults(build_filtered_semicrf).items() if k in component} == component
+    head = signature_defaults(FilteredSemiCRFHead.__init__)
+    assert {k: component[k] for k in head if k in component} == {k: v for k, v in head.items() if k in component}

@@ -63,7 +63,32 @@ def test_collect_groups_seeds_and_skips_unfinished_runs(tmp_path):
     assert "| x | 2 | 85.00 (7.07) | 72.00 (2.83) | 70.00, 74.00 | +22.00 |" in (tmp_path / "res.md").read_text()
 
 
-@pytest.mark.parametrize("name", ["comparison.json", "head_variants.json"])
+def test_earlier_runs_join_the_table_unless_rerun(tmp_path):
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([{"name": "x@seed0", "config": "c.cfg"}]))
+    out = tmp_path / "runs"
+    _finished_run(out, "x@seed0", 0.80, 0.70)
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"runs": [
+        {"name": "x@seed0", "dev": {"ents_f": 0.1}, "test": {"ents_f": 0.1}},  # rerun here: dropped
+        {"name": "ner@seed0", "dev": {"ents_f": 0.6}, "test": {"ents_f": 0.6}},
+        {"name": "spancat@seed0", "dev": {"ents_f": 0.9}, "test": {"ents_f": 0.9}},  # not asked for
+    ]}))
+    again = tmp_path / "again.json"  # names ner@seed0 a second time: taken once
+    again.write_text(json.dumps({"runs": [
+        {"name": "ner@seed0", "dev": {"ents_f": 0.2}, "test": {"ents_f": 0.2}},
+    ]}))
+    sweep.main([str(jobs), "--output", str(out), "--results", str(tmp_path / "res"), "--collect",
+                "--add-runs", str(earlier), str(again), "--add-groups", "x", "ner",
+                "--reference", "ner"])
+    groups = {g["group"]: g for g in json.loads((tmp_path / "res.json").read_text())["groups"]}
+    assert set(groups) == {"x", "ner"}
+    assert groups["x"]["test_f1_runs"] == [70.0] and groups["ner"]["test_f1_runs"] == [60.0]
+    text = (tmp_path / "res.md").read_text()
+    assert "+10.00 |" in text and f"runs added from `{earlier}`; runs added from `{again}`" in text
+
+
+@pytest.mark.parametrize("name", ["comparison.json", "head_variants.json", "null_weight.json"])
 def test_shipped_job_files_name_existing_configs(name):
     for job in sweep.load_jobs(ROOT / "benchmarks" / "sweeps" / name):
         assert (ROOT / job["config"]).exists(), job

@@ -117,7 +117,7 @@ class FilteredSemiCRFHead(nn.Module):
         hidden_width: int = 128,
         span_repr: str = "sum_endpoints",
         transitions: bool = False,
-        null_weight: float = 0.5,
+        null_weight: float = 0.75,
         dropout: float = 0.1,
         hidden_depth: int = 1,
     ) -> None:
