@@ -123,8 +123,9 @@ def inference_nodes(
     ``local_scores`` is ``[B, L, K, C]``; returns ``(node_mask [B, L, K], node_labels [B, L, K])``.
     """
     index, labels = _filter(local_scores, lengths)
-    nodes = NodeSet(index, labels, labels, tuple(local_scores.shape[:3]))  # no scores needed
-    return nodes.grid(), nodes.grid(labels)
+    shape = tuple(local_scores.shape[:3])
+    mask = _on_grid(index, torch.ones_like(index, dtype=torch.bool), shape)
+    return mask, _on_grid(index, labels, shape)
 
 
 def inference_node_set(
