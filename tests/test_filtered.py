@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spacy_fsemicrf.structured import compaction as compaction_module
-from spacy_fsemicrf.structured.compaction import _length_blocks
+from spacy_fsemicrf.structured.compaction import _length_blocks, _small_clusters
 from spacy_fsemicrf.structured.compaction import compact as compact_list
 from spacy_fsemicrf.structured.filtered import (
+    _inside_documents,
 
 
     filtered_decode,
@@ -297,6 +298,36 @@ def test_small_clusters_agree_enumerated_in_one_group_or_by_size(monkeypatch):
     assert torch.allclose(default[0], filtered_log_partition(scores, mask))
     chosen, marginals = filtered_decode(scores, mask)
     assert torch.equal(default[1][0], chosen) and torch.allclose(default[1][1], marginals)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3)), min_size=2, max_size=5), min_size=1, max_size=4))
+def test_small_clusters_list_the_maximal_sets_of_each_cluster(clusters):
+    """The maximal sets looked up by cluster pattern (some patterns met before, in other
+    calls) are the brute-force maximal non-overlapping sets of each cluster's intervals."""
+    intervals = [sorted((s, s + w) for s, w in nodes) for nodes in clusters]
+    # one line for all clusters, far apart (only which nodes overlap matters)
+    line = [(100 * r + s, 100 * r + e) for r, nodes in enumerate(intervals) for s, e in nodes]
+    start, end = (numpy.array(x) for x in zip(*line))
+    count = numpy.array([len(nodes) for nodes in intervals])
+    small = _small_clusters(numpy.arange(len(line)), count, start, end, count * 0, count.max())
+    for r, nodes in enumerate(intervals):
+        found = [sorted(numpy.flatnonzero(small.subsets[s] & small.present[r]).tolist())
+                 for s in numpy.flatnonzero(small.maximal[r])]
+        assert sorted(found) == sorted(maximal_nonoverlapping_sets(nodes))
+        first = count[:r].sum()
+        assert small.slot_node[r][small.present[r]].tolist() == list(range(first, first + len(nodes)))
+
+
+def test_inside_documents_is_the_same_for_tensors_and_arrays():
+    """The candidate check after the filter runs in NumPy on the CPU and in PyTorch elsewhere."""
+    L, K, lengths = 5, 3, [5, 0, 2, 4]
+    ends = (torch.arange(L).view(-1, 1) + torch.arange(K)).view(-1)
+    flat = torch.arange(len(lengths) * L * K)
+    expected = span_mask(torch.tensor(lengths), L, K).view(-1).nonzero().squeeze(1)
+    assert torch.equal(_inside_documents(flat, ends, torch.tensor(lengths), L * K), expected)
+    arrays = _inside_documents(flat.numpy(), ends.numpy(), numpy.array(lengths), L * K)
+    assert arrays.tolist() == expected.tolist()
 
 
 def test_length_blocks_split_many_short_rows_from_a_long_one():

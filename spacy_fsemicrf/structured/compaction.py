@@ -22,7 +22,8 @@ and decoding a batch is dominated by such fixed costs. Only the node list and th
 scores cross to the host; the scan's scores stay on their device.
 """
 import functools
-from typing import NamedTuple, Optional, Tuple
+import threading
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy
 import torch
@@ -182,34 +183,37 @@ def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: b
 def _solved_on_host(doc, start, end, opens, cluster, first_node, cl_doc, device):
     """``(host, HostClusters)``: which nodes (NumPy arrays in node order) are in cliques or
     small clusters, and those clusters; ``host`` is None when every node is."""
-    next_first = numpy.append(first_node[1:], doc.size)
+    next_first = numpy.empty_like(first_node)  # (numpy.append is a slow Python-level call)
+    next_first[:-1] = first_node[1:]
+    next_first[-1] = doc.size
     cl_nodes = next_first - first_node
     # nodes are sorted by start within a cluster: its last node starts latest
     cl_clique = start[next_first - 1] <= numpy.minimum.reduceat(end, first_node)
-    if cl_clique.all():  # cliques only: the host nodes are all nodes, in the same order
-        cliques = (first_node, cluster, cl_doc)
+    # (count_nonzero: ndarray.all and .any are slower Python-level calls)
+    if numpy.count_nonzero(cl_clique) == cl_clique.size:  # cliques only: the host nodes are
+        cliques = (first_node, cluster, cl_doc)  # all nodes, in the same order
         return None, HostClusters(None, None, doc, None, *cliques, ())
     cl_small = ~cl_clique & (cl_nodes <= ENUMERATE_MAX_NODES)
     host = (cl_clique | cl_small)[cluster]
     host_pos = host.cumsum() - 1  # position of each host node among the host nodes
-    small = cl_small[cluster]
     groups = []
-    if cl_small.any():
-        row_nodes = cl_nodes[cluster]
-        n_small = int(numpy.count_nonzero(cl_small))
+    n_small = numpy.count_nonzero(cl_small)
+    if n_small:
         widest = int(cl_nodes[cl_small].max())
         # one group while the padding to the widest cluster is cheaper than another group's
         # fixed cost
         one_group = n_small << widest <= ENUMERATE_ONE_GROUP_CELLS
         for low, high in ((2, ENUMERATE_MAX_NODES),) if one_group else ENUMERATE_GROUPS:
-            group = small if one_group else small & (row_nodes >= low) & (row_nodes <= high)
-            if group.any():
-                n = widest if one_group else int(row_nodes[group].max())
+            cl_group = cl_small if one_group else cl_small & (cl_nodes >= low) & (cl_nodes <= high)
+            if numpy.count_nonzero(cl_group):
+                count = cl_nodes[cl_group]
+                group = cl_group[cluster]
                 groups.append(_small_clusters(
-                    host_pos[group], opens[group], start[group], end[group], doc[group], n
+                    host_pos[group], count, start[group], end[group], cl_doc[cl_group],
+                    widest if one_group else int(count.max()),
                 ))
     in_clique = cl_clique[cluster]
-    every = bool(host.all())
+    every = numpy.count_nonzero(host) == host.size
     hosted = _host_clusters(
         None if every else host.nonzero()[0], doc[host], in_clique[host], cluster[host], cl_doc,
         tuple(groups), device,
@@ -228,8 +232,9 @@ def _host_clusters(node, doc, in_clique, cluster, cl_doc, small, device) -> Host
     NumPy arrays in node order)."""
     clique_node = in_clique.nonzero()[0]
     ids = cluster[clique_node]
-    opens = numpy.ones(ids.size, dtype=bool)
-    opens[1:] = ids[1:] != ids[:-1]
+    opens = numpy.empty(ids.size, dtype=bool)
+    opens[:1] = True
+    numpy.not_equal(ids[1:], ids[:-1], out=opens[1:])
     clique_first = opens.nonzero()[0]
     node_t = None if node is None else to_device(node, device)
     return HostClusters(
@@ -239,44 +244,82 @@ def _host_clusters(node, doc, in_clique, cluster, cl_doc, small, device) -> Host
 
 
 @functools.lru_cache(maxsize=None)
-def _subset_tables(n: int) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, numpy.ndarray]:
-    """``subsets [2^n, n]``: the bits of every subset of n slots, as booleans and as floats (for
-    matmuls); ``pairs [2, n(n-1)/2]``: the slot pairs ``a < b``; ``pairs_in [2^n, n(n-1)/2]``:
-    whether the subset holds both slots of each pair (as floats)."""
+def _subset_tables(n: int) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+    """``subsets [2^n, n]``: the bits of every subset of n slots; ``pairs [2, n(n-1)/2]``: the
+    slot pairs ``a < b``; ``pair_bits``: the bit of each pair in a cluster's pattern code."""
     subsets = (numpy.arange(2**n)[:, None] >> numpy.arange(n)) & 1 == 1
     pairs = numpy.stack(numpy.triu_indices(n, 1))
-    pairs_in = (subsets[:, pairs[0]] & subsets[:, pairs[1]]).astype(numpy.float32)
-    return subsets, subsets.astype(numpy.float32), pairs, pairs_in
+    return subsets, pairs, numpy.left_shift(1, numpy.arange(pairs.shape[1]), dtype=numpy.int64)
 
 
-def _small_clusters(node, opens, start, end, node_doc, n: int) -> SmallClusters:
-    """Slot tables and maximal sets of some whole clusters (NumPy arrays over their nodes, in
-    cluster order: ``node`` is each node's host position, ``opens`` marks each cluster's first
-    node; ``n`` nodes in the largest cluster)."""
-    first = opens.nonzero()[0]
-    node_cluster = opens.cumsum() - 1
-    slot = numpy.arange(node.size) - first[node_cluster]
-    R = first.size
-    slot_node = numpy.zeros((R, n), dtype=numpy.int64)
-    slot_node[node_cluster, slot] = node
-    present = numpy.zeros((R, n), dtype=bool)
-    present[node_cluster, slot] = True
-    starts = numpy.zeros((R, n), dtype=start.dtype)
-    starts[node_cluster, slot] = start
-    ends = numpy.full((R, n), -1, dtype=end.dtype)
-    ends[node_cluster, slot] = end
-    overlap = (starts[:, :, None] <= ends[:, None, :]) & (starts[:, None, :] <= ends[:, :, None])
-    subsets, subsets_f, pairs, pairs_in = _subset_tables(n)
-    # subset s holds two overlapping nodes of cluster r (a node overlaps itself, so only
-    # the pairs a < b are read; empty slots start at 0 and end at -1: they overlap nothing)
-    conflict = (overlap[:, pairs[0], pairs[1]].astype(numpy.float32) @ pairs_in.T) > 0
-    # covered[r, a, s]: slot a is in subset s or overlaps one of its nodes; an empty slot
-    # counts as covered by any non-empty subset, so that only real nodes can be left free
-    overlap[~present] = True
-    covered = (overlap.reshape(R * n, n).astype(numpy.float32) @ subsets_f.T) > 0
-    absent = (subsets_f @ (~present).astype(numpy.float32).T).T > 0  # uses an empty slot
-    maximal = ~conflict & ~absent & covered.reshape(R, n, -1).all(1)
-    return SmallClusters(slot_node, present, node_doc[first], subsets, maximal)
+def _small_clusters(node, count, start, end, cl_doc, n: int) -> SmallClusters:
+    """Slot tables and maximal sets of some whole clusters (``node``, ``start`` and ``end`` are
+    NumPy arrays over their nodes, in cluster order, ``node`` each node's host position;
+    ``count`` and ``cl_doc`` arrays over the clusters, their node counts and documents; ``n``
+    nodes in the largest cluster).
+
+    Which subsets are maximal non-overlapping sets depends only on the cluster's *pattern*:
+    its node count and which of its node pairs overlap. A batch holds few patterns, and the
+    same ones batch after batch, so their maximal sets are enumerated once and looked up."""
+    subsets, pairs, pair_bits = _subset_tables(n)
+    first = count.cumsum() - count
+    slots = numpy.arange(n)
+    present = slots < count[:, None]
+    # slot a of cluster r is its node first[r] + a (a cluster's nodes are contiguous); an empty
+    # slot points at the cluster's first node, so that every slot indexes a real node
+    slot = first[:, None] + numpy.where(present, slots, 0)
+    # nodes are sorted by start within a cluster: a < b overlap iff b starts by a's end
+    overlaps = (start[slot[:, pairs[1]]] <= end[slot[:, pairs[0]]]) & present[:, pairs[1]]
+    code = (overlaps @ pair_bits) | (count << pair_bits.size)
+    maximal = _pattern_table(n).maximal_sets(code.tolist())
+    return SmallClusters(node[slot], present, cl_doc, subsets, maximal)
+
+
+class _PatternTable:
+    """The maximal sets of every cluster pattern of up to ``n`` slots met so far, a row each.
+
+    Looked up with a dict and one fancy index: ``numpy.unique`` and ``numpy.stack`` would cost
+    more than the rest of the small-cluster bookkeeping. Rows are only ever added (under a
+    lock), so a lookup never sees a row number without its row."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.row_of: Dict[int, int] = {}
+        self.table = numpy.zeros((0, 1 << n), dtype=bool)
+        self.lock = threading.Lock()
+
+    def maximal_sets(self, codes: List[int]) -> numpy.ndarray:
+        """``bool [len(codes), 2^n]``: the maximal sets of clusters of pattern ``codes``."""
+        try:
+            rows = [self.row_of[c] for c in codes]
+        except KeyError:
+            with self.lock:
+                new = [c for c in dict.fromkeys(codes) if c not in self.row_of]
+                self.table = numpy.concatenate([self.table, [_maximal_sets(c, self.n) for c in new]])
+                self.row_of.update({c: i for i, c in enumerate(new, len(self.row_of))})
+            rows = [self.row_of[c] for c in codes]
+        return self.table[rows]
+
+
+@functools.lru_cache(maxsize=None)
+def _pattern_table(n: int) -> _PatternTable:
+    return _PatternTable(n)
+
+
+def _maximal_sets(code: int, n: int) -> numpy.ndarray:
+    """``bool [2^n]``: which subsets of the slots are the maximal non-overlapping sets of
+    a cluster of pattern ``code`` (see :func:`_small_clusters`): they hold only real nodes, no
+    overlapping pair, and every real node is in them or overlaps one of theirs."""
+    subsets, pairs, pair_bits = _subset_tables(n)
+    present = numpy.arange(n) < code >> pair_bits.size
+    pair_overlaps = code & pair_bits != 0
+    overlap = numpy.eye(n, dtype=bool)
+    overlap[tuple(pairs[:, pair_overlaps])] = True
+    overlap |= overlap.T
+    conflict = (subsets[:, pairs[0]] & subsets[:, pairs[1]] & pair_overlaps).any(1)
+    absent = (subsets & ~present).any(1)
+    covered = (subsets.astype(numpy.int64) @ overlap[present].T > 0).all(1)
+    return ~conflict & ~absent & covered
 
 
 def _length_blocks(row_len, scanned) -> numpy.ndarray:
