@@ -11,6 +11,8 @@ wraps it in a Thinc ``Model`` that holds a :class:`thinc.api.PyTorchShim`:
   document;
 * the number of labels is only known when the pipeline is initialized, so the shim starts with an
   empty placeholder module and :func:`build_head` puts the real head in at initialization;
+* with ``use_averages = true`` the optimizer's parameter averages are applied to the head too
+  (:class:`HeadShim`), as Thinc applies them to its own layers;
 * the shim's bytes describe the head (its class, keyword arguments, input width and number of
   labels) next to its weights, so loading rebuilds the head before loading the weights, and a
   model loaded into a config that builds a different head fails with a clear error.
@@ -18,6 +20,7 @@ wraps it in a Thinc ``Model`` that holds a :class:`thinc.api.PyTorchShim`:
 Nothing here picks a device: tensors go to the shim's device, which follows Thinc's current ops
 (``--gpu-id 0`` gives CUDA) or the parameters of the loaded head.
 """
+import contextlib
 import importlib
 import logging
 from functools import partial
@@ -60,6 +63,34 @@ class UninitializedHead(torch.nn.Module):
         )
 
 
+class HeadShim(PyTorchShim):
+    """The PyTorch shim of a head, whose ``use_params`` applies the optimizer's averages.
+
+    Thinc's :class:`PyTorchShim` (8.3) hands its parameters to the optimizer under the keys
+    ``(shim id, parameter name)`` but looks for keys ``"pytorch_<id>_<name>"`` in
+    ``use_params``, so with ``use_averages = true`` the averages never reached a PyTorch model:
+    the pipeline evaluated and saved during training paired the averaged ``tok2vec`` with the
+    head's last weights. Keys of the other form still go to Thinc's implementation."""
+
+    @contextlib.contextmanager
+    def use_params(self, params):
+        parameters = dict(self._model.named_parameters())
+        averages = {name: params[(self.id, name)] for name in parameters if (self.id, name) in params}
+        if not averages:
+            with super().use_params(params):
+                yield
+            return
+        backup = {name: parameters[name].data for name in averages}
+        try:
+            for name, value in averages.items():
+                data = backup[name]
+                parameters[name].data = xp2torch(value, device=data.device).to(data.dtype).clone()
+            yield
+        finally:
+            for name, data in backup.items():
+                parameters[name].data = data
+
+
 def get_head_class(arch: str) -> type:
     """Return the head class for an architecture name such as ``"FilteredSemiCRF"``."""
     heads = importlib.import_module("spacy_fsemicrf.structured.heads")
@@ -86,7 +117,7 @@ def make_head_model(
         scaler = grad_scaler
     else:
         scaler = PyTorchGradScaler(enabled=mixed_precision, **dict(grad_scaler or {}))
-    shim = PyTorchShim(
+    shim = HeadShim(
         UninitializedHead(),
         mixed_precision=mixed_precision,
         grad_scaler=scaler,

@@ -7,6 +7,7 @@ import spacy
 from spacy import displacy
 from spacy.tokens import Doc, Span
 from spacy.training import Example
+from thinc.api import Adam
 
 from spacy_fsemicrf.component import FSemiCRFEntityRecognizer, set_entities
 
@@ -101,6 +102,29 @@ def test_update_makes_the_loss_fall_and_finds_the_entities(trained):
         assert [(s.start, s.end, s.label_) for s in group] == [
             (e.start, e.end, e.label_) for e in doc.ents
         ]
+
+
+def test_parameter_averages_reach_the_head():
+    """With ``use_averages``, ``nlp.use_params(averages)`` (what spacy train does to evaluate
+    and save) puts the averaged weights into the PyTorch head, as into the tok2vec, and the
+    trained ones back afterwards."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner")
+    examples = make_examples(nlp)
+    nlp.initialize(lambda: examples)
+    optimizer = Adam(0.01, use_averages=True)
+    for _ in range(5):
+        nlp.update(examples, sgd=optimizer, drop=0.0)
+    shim = nlp.get_pipe("fsemicrf_ner").model.get_ref("head").shims[0]
+    trained = {name: p.detach().clone() for name, p in shim._model.named_parameters()}
+    averages = {name: optimizer.averages[(shim.id, name)] for name in trained}
+    assert any(not numpy.allclose(averages[n], trained[n].numpy()) for n in trained)
+    with nlp.use_params(optimizer.averages):
+        for name, p in shim._model.named_parameters():
+            numpy.testing.assert_allclose(p.detach().numpy(), averages[name])
+        assert len(list(nlp.pipe([text for text, _ in TRAIN_DATA]))) == len(TRAIN_DATA)
+    for name, p in shim._model.named_parameters():
+        assert numpy.array_equal(p.detach().numpy(), trained[name].numpy())
 
 
 def test_scorer_keys(trained_nlp):
