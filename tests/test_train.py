@@ -75,6 +75,20 @@ def test_spacy_train_with_the_listener_config(corpus_paths, tmp_path):
     assert predicted_set(nlp.pipe(texts)) == before
 
 
+def test_cnn_configs_train_alike():
+    """The three heads' CNN configs differ in the model only; spaCy's ner baseline has the same
+    tok2vec and training but for parameter averaging, which its quickstart config leaves off."""
+    fsemicrf, *others = [spacy.util.load_config(CONFIGS / name) for name in CNN_CONFIGS]
+    ner = spacy.util.load_config(CONFIGS / "baselines" / "ner_cnn.cfg")
+    for config in others + [ner]:
+        assert config["components"]["tok2vec"] == fsemicrf["components"]["tok2vec"]
+    for config in others:
+        assert config["training"] == fsemicrf["training"]
+    assert fsemicrf["training"]["optimizer"]["use_averages"] is True
+    ner["training"]["optimizer"]["use_averages"] = True
+    assert ner["training"] == fsemicrf["training"]
+
+
 @pytest.mark.parametrize("name", CNN_CONFIGS + ["fsemicrf_trf.cfg"])
 def test_debug_config(name, corpus_paths):
     train_path, dev_path = corpus_paths
