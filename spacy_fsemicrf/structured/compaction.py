@@ -283,7 +283,7 @@ class _PatternTable:
     more than the rest of the small-cluster bookkeeping. Rows are only ever added (under a
     lock), so a lookup never sees a row number without its row. The table stays small: the
     later nodes that a node overlaps are a run, so there are at most n! patterns of n nodes
-    (12 MB of rows for all of n = 8), and batches meet a few dozen."""
+    (10 MB of rows for all of n = 8), and batches meet a few dozen."""
 
     def __init__(self, n: int) -> None:
         self.n = n
