@@ -11,3 +11,14 @@ try:  # the baselines (ner, spancat) do not need it
 except ImportError as err:  # pragma: no cover
     if "spacy_fsemicrf" not in str(err):
         raise
+else:
+    # PyTorch layers inside spaCy's own components (the BiLSTM of configs/baselines/
+    # ner_cnn_bilstm.cfg) meet the Thinc bug the fsemicrf head works around: with
+    # use_averages = true their averages are never applied. Training runs of this repository
+    # apply them everywhere, so that such a baseline trains on the same terms as the head;
+    # pipelines without PyTorch layers or without averaging are unaffected.
+    from thinc.shims import PyTorchShim
+
+    from spacy_fsemicrf.torch_bridge import use_averaged_params
+
+    PyTorchShim.use_params = use_averaged_params

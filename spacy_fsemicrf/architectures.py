@@ -38,6 +38,7 @@ def build_filtered_semicrf(
     null_weight: float = 0.75,
     dropout: float = 0.1,
     hidden_depth: int = 1,
+    context_depth: int = 0,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -51,6 +52,8 @@ def build_filtered_semicrf(
     null_weight (float): weight of the null spans in the local loss (beta).
     dropout (float): dropout inside the head.
     hidden_depth (int): hidden layers over each span (the featurizer is the first).
+    context_depth (int): BiLSTM layers (half the token width per direction) between the
+        tok2vec and the span featurizer, inside the head; 0 for none.
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -62,6 +65,7 @@ def build_filtered_semicrf(
         null_weight=null_weight,
         dropout=dropout,
         hidden_depth=hidden_depth,
+        context_depth=context_depth,
     )
     return build_structured_model(
         "FilteredSemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,
@@ -78,6 +82,7 @@ def build_semicrf(
     transitions: bool = True,
     dropout: float = 0.1,
     hidden_depth: int = 1,
+    context_depth: int = 0,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -90,6 +95,7 @@ def build_semicrf(
         transitions=transitions,
         dropout=dropout,
         hidden_depth=hidden_depth,
+        context_depth=context_depth,
     )
     return build_structured_model(
         "SemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,
@@ -104,13 +110,15 @@ def build_linear_crf(
     hidden_width: int = 128,
     scheme: str = "BIO",
     dropout: float = 0.1,
+    context_depth: int = 0,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
     """Linear-chain CRF baseline over BIO or BILUO token tags (emissions from a hidden layer
-    of ``hidden_width``). Trains on entities of any width; ``max_width`` is only passed on to the
-    head."""
-    kwargs = dict(max_width=max_width, hidden_width=hidden_width, scheme=scheme, dropout=dropout)
+    of ``hidden_width``, over a BiLSTM of ``context_depth`` layers if that is above 0). Trains on
+    entities of any width; ``max_width`` is only passed on to the head."""
+    kwargs = dict(max_width=max_width, hidden_width=hidden_width, scheme=scheme, dropout=dropout,
+                  context_depth=context_depth)
     return build_structured_model(
         "LinearCRF", tok2vec, kwargs, max_width=max_width, span_head=False,
         mixed_precision=mixed_precision, grad_scaler=grad_scaler,

@@ -38,6 +38,7 @@ transitions = false
 null_weight = 0.75
 dropout = 0.1
 hidden_depth = 1
+context_depth = 0
 mixed_precision = false
 grad_scaler = null
 

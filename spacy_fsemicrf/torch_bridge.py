@@ -22,6 +22,7 @@ Nothing here picks a device: tensors go to the shim's device, which follows Thin
 """
 import contextlib
 import importlib
+import inspect
 import logging
 from functools import partial
 from io import BytesIO
@@ -63,38 +64,53 @@ class UninitializedHead(torch.nn.Module):
         )
 
 
-class HeadShim(PyTorchShim):
-    """The PyTorch shim of a head, whose ``use_params`` applies the optimizer's averages.
+_THINC_USE_PARAMS = PyTorchShim.use_params
+
+
+@contextlib.contextmanager
+def use_averaged_params(shim: PyTorchShim, params):
+    """``PyTorchShim.use_params`` that applies the optimizer's averages.
 
     Thinc's :class:`PyTorchShim` (8.3) hands its parameters to the optimizer under the keys
     ``(shim id, parameter name)`` but looks for keys ``"pytorch_<id>_<name>"`` in
     ``use_params``, so with ``use_averages = true`` the averages never reached a PyTorch model:
     the pipeline evaluated and saved during training paired the averaged ``tok2vec`` with the
     head's last weights. Keys of the other form still go to Thinc's implementation."""
-
-    @contextlib.contextmanager
-    def use_params(self, params):
-        parameters = dict(self._model.named_parameters())
-        averages = {name: params[(self.id, name)] for name in parameters if (self.id, name) in params}
-        if not averages:
-            with super().use_params(params):
-                yield
-            return
-        backup = {name: parameters[name].data for name in averages}
-        try:
-            for name, value in averages.items():
-                data = backup[name]
-                parameters[name].data = xp2torch(value, device=data.device).to(data.dtype).clone()
+    parameters = dict(shim._model.named_parameters())
+    averages = {name: params[(shim.id, name)] for name in parameters if (shim.id, name) in params}
+    if not averages:
+        with _THINC_USE_PARAMS(shim, params):
             yield
-        finally:
-            for name, data in backup.items():
-                parameters[name].data = data
+        return
+    backup = {name: parameters[name].data for name in averages}
+    try:
+        for name, value in averages.items():
+            data = backup[name]
+            parameters[name].data = xp2torch(value, device=data.device).to(data.dtype).clone()
+        yield
+    finally:
+        for name, data in backup.items():
+            parameters[name].data = data
+
+
+class HeadShim(PyTorchShim):
+    """The PyTorch shim of a head, whose ``use_params`` applies the optimizer's averages
+    (:func:`use_averaged_params`)."""
+
+    use_params = use_averaged_params
 
 
 def get_head_class(arch: str) -> type:
     """Return the head class for an architecture name such as ``"FilteredSemiCRF"``."""
     heads = importlib.import_module("spacy_fsemicrf.structured.heads")
     return getattr(heads, HEAD_CLASSES[arch])
+
+
+def head_defaults(arch: str) -> Dict[str, Any]:
+    """The keyword arguments of the head class of ``arch`` that have defaults."""
+    params = inspect.signature(get_head_class(arch)).parameters.values()
+    return {p.name: p.default for p in params
+            if p.kind is p.KEYWORD_ONLY and p.default is not inspect.Parameter.empty}
 
 
 def make_head_model(
@@ -199,7 +215,8 @@ def deserialize_head(
     problems = []
     if msg["arch"] != spec["arch"]:
         problems.append(f"architecture {msg['arch']!r} (config: {spec['arch']!r})")
-    saved_kwargs = dict(msg["kwargs"])
+    # A head saved before an option existed was built with that option's default.
+    saved_kwargs = {**head_defaults(msg["arch"]), **msg["kwargs"]}
     for key in sorted(set(saved_kwargs) | set(spec["kwargs"])):
         saved, current = saved_kwargs.get(key, "<unset>"), spec["kwargs"].get(key, "<unset>")
         if saved != current:

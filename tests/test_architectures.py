@@ -201,3 +201,23 @@ def test_head_defaults_agree_everywhere(config_file):
     assert {k: v for k, v in signature_defaults(build_filtered_semicrf).items() if k in component} == component
     head = signature_defaults(FilteredSemiCRFHead.__init__)
     assert {k: component[k] for k in head if k in component} == {k: v for k, v in head.items() if k in component}
+
+
+def test_a_head_saved_before_an_option_existed_loads_with_its_default():
+    """Heads saved without a newer keyword (e.g. ``context_depth``) were built with its default."""
+    import srsly
+    import torch
+
+    from spacy_fsemicrf.torch_bridge import _instantiate, deserialize_head, head_defaults, serialize_head
+
+    kwargs = {**head_defaults("FilteredSemiCRF"), "max_width": 3, "hidden_width": 8}
+    head = _instantiate("FilteredSemiCRF", kwargs, 6, 2)
+    msg = srsly.msgpack_loads(serialize_head(head))
+    del msg["kwargs"]["context_depth"]
+    spec = {"arch": "FilteredSemiCRF", "kwargs": kwargs}
+    loaded = deserialize_head(spec, None, srsly.msgpack_dumps(msg), torch.device("cpu"))
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="context_depth = 0"):
+        deserialize_head({**spec, "kwargs": {**kwargs, "context_depth": 1}}, None,
+                         srsly.msgpack_dumps(msg), torch.device("cpu"))

@@ -258,6 +258,7 @@ def test_uninitialized_pipeline_round_trip(tmp_path):
     "change,match",
     [
         ({"hidden_width": 64}, "hidden_width = 128"),
+        ({"context_depth": 1}, "context_depth = 0"),
         ({"@architectures": "spacy-fsemicrf.SemiCRF.v1", "null_weight": None}, "FilteredSemiCRF"),
         ({"tok2vec": {"depth": 2}}, "config"),
     ],

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from spacy_fsemicrf.structured import heads as heads_module
+from spacy_fsemicrf.structured.context import TokenContext
 from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead
 
 D, M, K = 8, 3, 4
@@ -30,10 +31,11 @@ def toy_batch(seed: int = 0, B: int = 6, L: int = 12):
     return X, lengths, torch.tensor(rows, dtype=torch.long).view(-1, 4)
 
 
+@pytest.mark.parametrize("context_depth", [0, 1])
 @pytest.mark.parametrize("name", sorted(HEADS))
-def test_head_learns_the_toy_task_and_decodes_valid_spans(name):
+def test_head_learns_the_toy_task_and_decodes_valid_spans(name, context_depth):
     torch.manual_seed(0)
-    head = HEADS[name](D, M, max_width=K, hidden_width=32, dropout=0.0)
+    head = HEADS[name](D, M, max_width=K, hidden_width=32, dropout=0.0, context_depth=context_depth)
     X, lengths, gold = toy_batch()
     opt = torch.optim.Adam(head.parameters(), lr=0.02)
     losses = []
@@ -60,9 +62,10 @@ def test_head_learns_the_toy_task_and_decodes_valid_spans(name):
         assert all(e1 < s2 for (_, e1), (s2, _) in zip(mine, mine[1:]))
 
 
+@pytest.mark.parametrize("context_depth", [0, 1])
 @pytest.mark.parametrize("name", sorted(HEADS))
-def test_head_handles_empty_and_single_token_documents(name):
-    head = HEADS[name](D, M, max_width=K, hidden_width=16)
+def test_head_handles_empty_and_single_token_documents(name, context_depth):
+    head = HEADS[name](D, M, max_width=K, hidden_width=16, context_depth=context_depth)
     X = torch.randn(3, 5, D)
     lengths = torch.tensor([0, 1, 5])
     gold = torch.tensor([[1, 0, 0, 2]])
@@ -104,6 +107,30 @@ def test_filtered_node_marginals_are_probabilities_of_kept_spans():
     assert spans.shape[0] > 0
     assert ((conf > 0) & (conf <= 1)).all()
     assert head.count_nodes(torch.randn(2, 20, D), torch.tensor([20, 9])).shape == (2,)
+
+
+def test_context_reads_each_document_alone():
+    """A document's BiLSTM states do not depend on the padding or the other documents of its
+    batch, and depth 0 is the identity, with no parameters."""
+    torch.manual_seed(3)
+    context = TokenContext(D, depth=2).eval()
+    X = torch.randn(3, 9, D)
+    lengths = torch.tensor([5, 9, 0])
+    with torch.no_grad():
+        batch = context(X, lengths)
+        alone = context(X[:1, :5], lengths[:1])
+        X[0, 5:] = 100.0  # padding of document 0
+        repadded = context(X, lengths)
+    assert batch.shape == (3, 9, context.output_width)
+    assert torch.allclose(batch[0, :5], alone[0], atol=1e-6)
+    assert torch.equal(batch[0], repadded[0])
+    assert (batch[0, 5:] == 0).all()
+    # the backward direction of a document starts at its own last token
+    assert not torch.allclose(batch[0, 4], context(X[:1], torch.tensor([9]))[0, 4])
+    identity = TokenContext(D, depth=0)
+    assert identity(X, lengths) is X and not list(identity.parameters())
+    with pytest.raises(ValueError, match="context_depth"):
+        TokenContext(D, depth=-1)
 
 
 def test_filtered_head_validates_its_arguments():

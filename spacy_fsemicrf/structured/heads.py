@@ -8,7 +8,8 @@ Each head maps token vectors ``X [B, L, D]`` and ``lengths [B]`` to
   the confidence of a span is its exact marginal probability under the head's distribution.
 
 ``FilteredSemiCRFHead`` is the product; ``SemiCRFHead`` and ``LinearCRFHead`` are the baselines
-of the paper, on the same encoder.
+of the paper, on the same encoder. With ``context_depth > 0`` each head first runs a BiLSTM over
+the token vectors (:class:`~.context.TokenContext`), as the paper's released code does.
 """
 from typing import Optional, Tuple, Union
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from . import filtered
+from .context import TokenContext
 from .linear_crf import (
     crf_log_partition,
     crf_score,
@@ -120,6 +122,7 @@ class FilteredSemiCRFHead(nn.Module):
         null_weight: float = 0.75,
         dropout: float = 0.1,
         hidden_depth: int = 1,
+        context_depth: int = 0,
     ) -> None:
         super().__init__()
         if not 0.0 < null_weight <= 1.0:
@@ -128,22 +131,26 @@ class FilteredSemiCRFHead(nn.Module):
         self.max_width = max_width
         self.null_weight = null_weight
         C = n_labels + 1
+        self.context = TokenContext(input_width, context_depth)
         # One scorer with 2C outputs: the local scores and the global scores share the span
         # representation, as in the paper.
         self.scorer = _SpanScorer(
-            input_width, 2 * C, max_width, hidden_width, span_repr, dropout, hidden_depth
+            self.context.output_width, 2 * C, max_width, hidden_width, span_repr, dropout,
+            hidden_depth,
         )
         self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
 
-    def span_scores(self, X: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def span_scores(
+        self, X: torch.Tensor, lengths: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(local [B, L, K, C], global [B, L, K, C])`` span scores."""
-        scores = self.scorer(X)
+        scores = self.scorer(self.context(X, lengths))
         return scores.chunk(2, dim=-1)
 
     def forward(
         self, X: torch.Tensor, lengths: torch.Tensor, gold: Optional[torch.Tensor] = None
     ) -> HeadOutput:
-        local, glob = self.span_scores(X)
+        local, glob = self.span_scores(X, lengths)
         if gold is None:
             return self.decode(local, glob, lengths)
         return self.loss(local, glob, lengths, gold)
@@ -180,7 +187,7 @@ class FilteredSemiCRFHead(nn.Module):
     @torch.no_grad()
     def count_nodes(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``LongTensor[B]``: the size of the filtered graph (kept nodes) of each document."""
-        local, glob = self.span_scores(X)
+        local, glob = self.span_scores(X, lengths)
         return self.nodes(local, glob, lengths).counts()
 
 
@@ -201,20 +208,23 @@ class SemiCRFHead(nn.Module):
         transitions: bool = True,
         dropout: float = 0.1,
         hidden_depth: int = 1,
+        context_depth: int = 0,
     ) -> None:
         super().__init__()
         self.n_labels = n_labels
         self.max_width = max_width
         C = n_labels + 1
+        self.context = TokenContext(input_width, context_depth)
         self.scorer = _SpanScorer(
-            input_width, C, max_width, hidden_width, span_repr, dropout, hidden_depth
+            self.context.output_width, C, max_width, hidden_width, span_repr, dropout,
+            hidden_depth,
         )
         self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
 
     def span_scores(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``[B, L, K, C]`` segment scores; impossible segments (past the end, null wider than
         one token) hold NEG."""
-        scores = self.scorer(X).float()
+        scores = self.scorer(self.context(X, lengths)).float()
         B, L, K, C = scores.shape
         keep = span_mask(lengths, L, K).unsqueeze(-1).expand(B, L, K, C).clone()
         keep[:, :, 1:, 0] = False
@@ -253,15 +263,17 @@ class LinearCRFHead(nn.Module):
         hidden_width: int = 128,
         scheme: str = "BIO",
         dropout: float = 0.1,
+        context_depth: int = 0,
     ) -> None:
         super().__init__()
         self.n_labels = n_labels
         self.max_width = max_width
         self.scheme = tag_scheme(n_labels, scheme)
         n_tags = self.scheme.n_tags
+        self.context = TokenContext(input_width, context_depth)
         self.emitter = nn.Sequential(
             nn.Dropout(dropout),
-            nn.Linear(input_width, hidden_width),
+            nn.Linear(self.context.output_width, hidden_width),
             nn.GELU(),
             nn.Linear(hidden_width, n_tags),
         )
@@ -271,7 +283,7 @@ class LinearCRFHead(nn.Module):
     def forward(
         self, X: torch.Tensor, lengths: torch.Tensor, gold: Optional[torch.Tensor] = None
     ) -> HeadOutput:
-        emissions = self.emitter(X).float()
+        emissions = self.emitter(self.context(X, lengths)).float()
         T = self.transitions.float()
         allowed = self.allowed.to(emissions.device)
         if gold is not None:
