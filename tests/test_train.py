@@ -85,6 +85,9 @@ def test_cnn_configs_train_alike():
     for config in others:
         assert config["training"] == fsemicrf["training"]
     assert fsemicrf["training"]["optimizer"]["use_averages"] is True
+    ner_bilstm = spacy.util.load_config(CONFIGS / "baselines" / "ner_cnn_bilstm.cfg")
+    assert ner_bilstm["training"] == ner["training"]
+    assert ner_bilstm["components"]["tok2vec"]["model"]["*"]["cnn"] == fsemicrf["components"]["tok2vec"]["model"]
     ner["training"]["optimizer"]["use_averages"] = True
     assert ner["training"] == fsemicrf["training"]
 
