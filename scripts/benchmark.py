@@ -126,8 +126,12 @@ def score(gold_docs, pred_docs, pred_getter):
     return out
 
 
-def train_summary(name, out_dir: Path, training_dir: Path):
-    for path in (out_dir / "train" / f"{name}.json", training_dir / name / "train_summary.json"):
+def train_summary(name, model_path: Path, out_dir: Path, training_dir: Path):
+    """The training summary of a pipeline: the one next to its model directory (written by
+    scripts/train.py), else OUT_DIR/train/NAME.json, else TRAINING_DIR/NAME/train_summary.json."""
+    candidates = (Path(model_path).parent / "train_summary.json", out_dir / "train" / f"{name}.json",
+                  training_dir / name / "train_summary.json")
+    for path in candidates:
         if path.exists():
             s = json.loads(path.read_text())
             perf = s.get("dev_performance_model_best", {})
@@ -333,7 +337,7 @@ def main(argv=None) -> None:
             "path": str(path),
             "components": nlp.pipe_names,
             "accuracy": acc,
-            "training": train_summary(name, args.output, args.training_dir),
+            "training": train_summary(name, path, args.output, args.training_dir),
             "load_s": round(load_s, 2),
             "first_pass_s": round(first_pass, 2),
         }
