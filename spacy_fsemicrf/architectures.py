@@ -47,7 +47,8 @@ def build_filtered_semicrf(
     max_width (int): widest entity in tokens (K); wider gold entities are left out of training.
     hidden_width (int): width of the span representation.
     span_repr (str): span featurizer: "endpoints" ([h_i; h_j; width]), a pooling ("sum",
-        "mean", "max") or "sum_endpoints" (sum pooling plus the boundary tokens).
+        "mean", "max"), "sum_endpoints" (sum pooling plus the boundary tokens) or
+        "sum_endpoints_neighbors" (also the token before and the token after the span).
     transitions (bool): add label-transition scores between consecutive nodes.
     null_weight (float): weight of the null spans in the local loss (beta).
     dropout (float): dropout inside the head.

@@ -5,6 +5,7 @@ import torch
 from spacy_fsemicrf.structured import heads as heads_module
 from spacy_fsemicrf.structured.context import TokenContext
 from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead
+from spacy_fsemicrf.structured.spans import span_mask
 
 D, M, K = 8, 3, 4
 
@@ -80,9 +81,10 @@ def test_head_handles_empty_and_single_token_documents(name, context_depth):
     assert empty_spans.shape == (0, 4) and empty_conf.shape == (0,)
 
 
-def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch):
+@pytest.mark.parametrize("span_repr", ["sum_endpoints", "sum_endpoints_neighbors"])
+def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch, span_repr):
     torch.manual_seed(1)
-    head = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=16).eval()
+    head = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=16, span_repr=span_repr).eval()
     # Make the local classifier call many spans non-null so the graph is not trivial.
     with torch.no_grad():
         head.scorer.output.bias[: M + 1] = torch.tensor([0.0] + [0.3] * M)
@@ -95,6 +97,23 @@ def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch):
     assert torch.equal(whole[0], blocked[0])
     # float32 prefix sums taken from different origins round differently
     assert torch.allclose(whole[1], blocked[1], atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(set(HEADS) - {"crf"}))
+def test_span_scores_ignore_padding_when_spans_read_their_neighbours(name):
+    """A short document's scores do not depend on what pads it in a batch: with
+    ``sum_endpoints_neighbors`` its last spans read one token past the end."""
+    torch.manual_seed(3)
+    head = HEADS[name](D, M, max_width=K, hidden_width=16, span_repr="sum_endpoints_neighbors").eval()
+    X = torch.randn(2, 15, D)
+    lengths = torch.tensor([15, 9])
+    with torch.no_grad():
+        alone = head.span_scores(X[1:, :9], lengths[1:])
+        batched = head.span_scores(X, lengths)
+    valid = span_mask(lengths[1:], 9, K)[0]  # the candidates of the short document
+    as_tuple = lambda t: t if isinstance(t, tuple) else (t,)  # noqa: E731
+    for got, want in zip(as_tuple(batched), as_tuple(alone)):
+        assert torch.allclose(got[1, :9][valid], want[0][valid], atol=1e-5)
 
 
 def test_filtered_node_marginals_are_probabilities_of_kept_spans():

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from spacy_fsemicrf.structured.semiring import NEG, logsumexp
 from spacy_fsemicrf.structured.spans import (
+    SPAN_REPRS,
     SpanFeaturizer,
     gold_label_grid,
     overlap_mask,
@@ -62,7 +63,7 @@ def test_window_view_reads_ahead_with_zero_padding():
     assert view[0, :, :, 0].tolist() == [[1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 0], [5, 0, 0]]
 
 
-@pytest.mark.parametrize("span_repr", ["endpoints", "sum", "mean", "max", "sum_endpoints"])
+@pytest.mark.parametrize("span_repr", SPAN_REPRS)
 def test_featurizer_equals_the_explicit_formula(span_repr):
     torch.manual_seed(0)
     D, H, K, L = 5, 4, 3, 6
@@ -79,10 +80,14 @@ def test_featurizer_equals_the_explicit_formula(span_repr):
                     continue
                 if span_repr == "endpoints":
                     pre = (W[:H] @ x[b, i] + bias[:H]) + (W[H:] @ x[b, j] + bias[H:])
-                elif span_repr == "sum_endpoints":  # start, end and pooled parts, in that order
+                elif span_repr.startswith("sum_endpoints"):  # start, end, pooled parts in order
                     proj = x[b, i : j + 1] @ W[2 * H :].T + bias[2 * H :]
                     start = W[:H] @ x[b, i] + bias[:H]
                     pre = start + (W[H : 2 * H] @ x[b, j] + bias[H : 2 * H]) + proj.sum(0)
+                    if span_repr == "sum_endpoints_neighbors":  # the tokens just outside
+                        U = feat.neighbor_proj.weight
+                        pre = pre + (U[:H] @ x[b, i - 1] if i > 0 else 0)
+                        pre = pre + (U[H:] @ x[b, j + 1] if j + 1 < L else 0)
                 else:
                     proj = x[b, i : j + 1] @ W.T + bias
                     pre = {"sum": proj.sum(0), "mean": proj.mean(0), "max": proj.max(0).values}[span_repr]

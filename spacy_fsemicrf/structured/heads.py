@@ -76,15 +76,20 @@ class _SpanScorer(nn.Module):
         )
         self.output = nn.Linear(hidden_width, n_out)
 
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
+    def forward(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        reach = self.featurizer.reach
+        if reach:  # spans read their neighbours: padding must add nothing
+            inside = torch.arange(X.shape[1], device=X.device) < lengths.to(X.device).view(-1, 1)
+            X = X * inside.unsqueeze(-1).to(X.dtype)
         if torch.is_grad_enabled() or X.shape[1] <= PREDICT_BLOCK:
             return self._score(X)
-        # Spans starting in a block read at most K - 1 tokens past it.
+        # Spans starting in a block read at most K - 1 + reach tokens past it, and reach before.
         K, L = self.max_width, X.shape[1]
         blocks = []
         for a in range(0, L, PREDICT_BLOCK):
             b = min(a + PREDICT_BLOCK, L)
-            blocks.append(self._score(X[:, a : b + K - 1])[:, : b - a])
+            lo = max(a - reach, 0)
+            blocks.append(self._score(X[:, lo : b + K - 1 + reach])[:, a - lo : b - lo])
         return torch.cat(blocks, dim=1)
 
     def _score(self, X: torch.Tensor) -> torch.Tensor:
@@ -144,7 +149,7 @@ class FilteredSemiCRFHead(nn.Module):
         self, X: torch.Tensor, lengths: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(local [B, L, K, C], global [B, L, K, C])`` span scores."""
-        scores = self.scorer(self.context(X, lengths))
+        scores = self.scorer(self.context(X, lengths), lengths)
         return scores.chunk(2, dim=-1)
 
     def forward(
@@ -224,7 +229,7 @@ class SemiCRFHead(nn.Module):
     def span_scores(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``[B, L, K, C]`` segment scores; impossible segments (past the end, null wider than
         one token) hold NEG."""
-        scores = self.scorer(self.context(X, lengths)).float()
+        scores = self.scorer(self.context(X, lengths), lengths).float()
         B, L, K, C = scores.shape
         keep = span_mask(lengths, L, K).unsqueeze(-1).expand(B, L, K, C).clone()
         keep[:, :, 1:, 0] = False

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-SPAN_REPRS = ("endpoints", "sum", "mean", "max", "sum_endpoints")
+SPAN_REPRS = ("endpoints", "sum", "mean", "max", "sum_endpoints", "sum_endpoints_neighbors")
 
 
 def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tensor:
@@ -114,6 +114,11 @@ class SpanFeaturizer(nn.Module):
     the tokens, one subtraction per span.
     ``sum_endpoints``: both, ``relu(W_s h_i + W_e h_j + sum_t W_p h_t + width_emb(j - i))``: the
     boundary tokens get their own weights on top of the pooled content.
+    ``sum_endpoints_neighbors``: ``sum_endpoints`` plus ``U_b h_{i-1} + U_a h_{j+1}``, the
+    tokens just outside the span (zero at a document's edge): what precedes and follows a
+    mention ("Mr.", "said", "Inc.") is often the best clue to its type. ``U`` has no bias, so
+    a zero vector adds nothing; callers must pass ``x`` zeroed past each document's length
+    (``reach`` is 1: spans read one token beyond their own).
 
     The ``[B, L, K, H]`` tensor is the largest in the model, so it is built with as few passes
     as possible (one out-of-place op, then in-place ones) and with ReLU, which costs a fraction
@@ -130,8 +135,12 @@ class SpanFeaturizer(nn.Module):
             raise ValueError(f"max_width must be >= 1, got {max_width}")
         self.span_repr = span_repr
         self.max_width = max_width
-        n_proj = {"endpoints": 2, "sum_endpoints": 3}.get(span_repr, 1)
+        n_proj = {"endpoints": 2, "sum_endpoints": 3, "sum_endpoints_neighbors": 3}.get(span_repr, 1)
         self.token_proj = nn.Linear(input_width, n_proj * hidden_width)
+        # how many tokens past each end of a span its representation reads
+        self.reach = 1 if span_repr == "sum_endpoints_neighbors" else 0
+        if self.reach:
+            self.neighbor_proj = nn.Linear(input_width, 2 * hidden_width, bias=False)
         self.width_emb = nn.Parameter(torch.zeros(max_width, hidden_width))
         nn.init.normal_(self.width_emb, std=0.02)
 
@@ -141,10 +150,14 @@ class SpanFeaturizer(nn.Module):
         if self.span_repr == "endpoints":
             start, end = proj.chunk(2, dim=-1)
             pooled = torch.add(window_view(end, K), start.unsqueeze(2))
-        elif self.span_repr in ("sum", "mean", "sum_endpoints"):
+        elif self.span_repr in ("sum", "mean", "sum_endpoints", "sum_endpoints_neighbors"):
             start = end = None
-            if self.span_repr == "sum_endpoints":
+            if self.span_repr.startswith("sum_endpoints"):
                 start, end, proj = proj.chunk(3, dim=-1)
+            if self.reach:  # before[i] = U_b h_{i-1}, after[j] = U_a h_{j+1}, zero off the edges
+                before, after = self.neighbor_proj(x).chunk(2, dim=-1)
+                start = start + torch.nn.functional.pad(before, (0, 0, 1, 0))[:, :L]
+                end = end + torch.nn.functional.pad(after, (0, 0, 0, 1))[:, 1:]
             # prefix[t] = sum of proj[:t]; span i..i+w sums to prefix[i+w+1] - prefix[i]
             prefix = torch.nn.functional.pad(proj.cumsum(1), (0, 0, 1, 0))
             right, left = prefix[:, 1:], prefix[:, :L]
