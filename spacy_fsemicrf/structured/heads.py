@@ -34,7 +34,7 @@ from .semicrf import (
     semicrf_viterbi,
 )
 from .semiring import masked_fill_neg
-from .spans import SpanFeaturizer, gold_label_grid, span_mask
+from .spans import SpanFeaturizer, gold_label_grid, span_mask, token_mask
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
 HeadOutput = Union[torch.Tensor, Decoded]
@@ -79,8 +79,7 @@ class _SpanScorer(nn.Module):
     def forward(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         reach = self.featurizer.reach
         if reach:  # spans read their neighbours: padding must add nothing
-            inside = torch.arange(X.shape[1], device=X.device) < lengths.to(X.device).view(-1, 1)
-            X = X * inside.unsqueeze(-1).to(X.dtype)
+            X = X * token_mask(lengths.to(X.device), X.shape[1]).unsqueeze(-1).to(X.dtype)
         if torch.is_grad_enabled() or X.shape[1] <= PREDICT_BLOCK:
             return self._score(X)
         # Spans starting in a block read at most K - 1 + reach tokens past it, and reach before.

@@ -18,6 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from .semiring import logsumexp, lse, masked_fill_neg
+from .spans import token_mask
 
 __all__ = [
     "TagScheme",
@@ -123,7 +124,7 @@ def spans_to_tags(
             torch.where(is_end, scheme.tag("U", tok_label), scheme.tag("B", tok_label)),
             torch.where(is_end, scheme.tag("L", tok_label), scheme.tag("I", tok_label)),
         )
-    in_doc = torch.arange(length, device=device).view(1, -1) < lengths.view(-1, 1)
+    in_doc = token_mask(lengths.to(device), length)
     return torch.where((tok_label > 0) & in_doc, tags, torch.zeros_like(tags))
 
 
@@ -141,7 +142,7 @@ def tags_to_spans(tags: torch.Tensor, lengths: torch.Tensor, scheme: TagScheme) 
     labels = scheme.labels.to(device)[tags]
     kind_ids = {k: i for i, k in enumerate("OBILU")}
     kinds = torch.tensor([kind_ids[k] for k in scheme.kinds], device=device)[tags]
-    in_doc = torch.arange(L, device=device).view(1, -1) < lengths.view(-1, 1)
+    in_doc = token_mask(lengths.to(device), L)
     entity = in_doc & (labels > 0)
     # cont[t]: the tag at t + 1 continues the entity at t.
     same = entity[:, 1:] & (labels[:, 1:] == labels[:, :-1]) & entity[:, :-1]
@@ -234,7 +235,7 @@ def crf_score(
     T = _masked_transitions(transitions.to(emissions.dtype), allowed)
     if L == 0:
         return emissions.new_zeros(B)
-    in_doc = torch.arange(L, device=device).view(1, -1) < lengths.view(-1, 1)
+    in_doc = token_mask(lengths.to(device), L)
     zero = emissions.new_zeros(())
     emit = torch.where(in_doc, emissions.gather(2, tags.unsqueeze(-1)).squeeze(-1), zero)
     prev = torch.cat([tags.new_full((B, 1), n), tags[:, :-1]], 1)
@@ -275,7 +276,7 @@ def crf_viterbi(
             tag = arg.gather(1, tag.view(-1, 1)).squeeze(1)
             path.append(tag)
         tags = torch.stack(path[::-1], 1)
-        in_doc = torch.arange(L, device=device).view(1, -1) < lengths.view(-1, 1)
+        in_doc = token_mask(lengths.to(device), L)
         tags = torch.where(in_doc, tags, torch.zeros_like(tags))
         return tags, torch.where(lengths > 0, best, best.new_zeros(()))
 
@@ -298,7 +299,7 @@ def crf_marginals(
         alphas, log_z = _forward(emissions, T, lengths)
         betas = _backward(emissions, T, lengths)
         probs = (alphas + betas - log_z.view(-1, 1, 1)).exp()
-        in_doc = torch.arange(L, device=emissions.device).view(1, -1) < lengths.view(-1, 1)
+        in_doc = token_mask(lengths.to(emissions.device), L)
         return torch.where(in_doc.unsqueeze(-1), probs, probs.new_zeros(()))
 
 

@@ -18,6 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .semiring import NEG, lse, masked_fill_neg
+from .spans import token_mask
 
 __all__ = [
     "semicrf_log_partition",
@@ -153,8 +154,7 @@ def semicrf_gold_score(
         raise ValueError(f"gold spans must have 0 <= end - start < max_width={K}")
     if L == 0:
         return _zeros_connected(scores, transitions)
-    pos = torch.arange(L, device=device)
-    in_doc = pos.view(1, -1) < lengths.view(-1, 1)  # [B, L]
+    in_doc = token_mask(lengths.to(device), L)  # [B, L]
     # Token coverage by a difference array (gold spans do not overlap).
     diff = torch.zeros((B, L + 1), dtype=torch.long, device=device)
     diff.index_put_((doc, start), torch.ones_like(start), accumulate=True)

@@ -20,6 +20,11 @@ def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tenso
     return ends.unsqueeze(0) < lengths.view(-1, 1, 1)
 
 
+def token_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """``BoolTensor[B, L]``: which positions of the padded batch are tokens of their document."""
+    return torch.arange(length, device=lengths.device).view(1, -1) < lengths.view(-1, 1)
+
+
 def span_ends(length: int, max_width: int, device: Optional[torch.device] = None) -> torch.Tensor:
     """``LongTensor[L, K]``: the inclusive end ``i + w`` of every grid entry (shared between
     calls: do not modify it in place)."""
@@ -135,7 +140,7 @@ class SpanFeaturizer(nn.Module):
             raise ValueError(f"max_width must be >= 1, got {max_width}")
         self.span_repr = span_repr
         self.max_width = max_width
-        n_proj = {"endpoints": 2, "sum_endpoints": 3, "sum_endpoints_neighbors": 3}.get(span_repr, 1)
+        n_proj = 2 if span_repr == "endpoints" else 3 if span_repr.startswith("sum_endpoints") else 1
         self.token_proj = nn.Linear(input_width, n_proj * hidden_width)
         # how many tokens past each end of a span its representation reads
         self.reach = 1 if span_repr == "sum_endpoints_neighbors" else 0
@@ -150,7 +155,7 @@ class SpanFeaturizer(nn.Module):
         if self.span_repr == "endpoints":
             start, end = proj.chunk(2, dim=-1)
             pooled = torch.add(window_view(end, K), start.unsqueeze(2))
-        elif self.span_repr in ("sum", "mean", "sum_endpoints", "sum_endpoints_neighbors"):
+        elif self.span_repr != "max":  # sums of the projected tokens, and the boundary terms
             start = end = None
             if self.span_repr.startswith("sum_endpoints"):
                 start, end, proj = proj.chunk(3, dim=-1)
