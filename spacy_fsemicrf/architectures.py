@@ -48,7 +48,8 @@ def build_filtered_semicrf(
     hidden_width (int): width of the span representation.
     span_repr (str): span featurizer: "endpoints" ([h_i; h_j; width]), a pooling ("sum",
         "mean", "max"), "sum_endpoints" (sum pooling plus the boundary tokens) or
-        "sum_endpoints_neighbors" (also the token before and the token after the span).
+        "sum_endpoints_neighbors" (also the token before and the token after the span) or
+        "sum_endpoints_neighbors_max" (also max pooling over the span, as spancat's reducer).
     transitions (bool): add label-transition scores between consecutive nodes.
     null_weight (float): weight of the null spans in the local loss (beta).
     dropout (float): dropout inside the head.

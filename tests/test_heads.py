@@ -81,7 +81,9 @@ def test_head_handles_empty_and_single_token_documents(name, context_depth):
     assert empty_spans.shape == (0, 4) and empty_conf.shape == (0,)
 
 
-@pytest.mark.parametrize("span_repr", ["sum_endpoints", "sum_endpoints_neighbors"])
+@pytest.mark.parametrize(
+    "span_repr", ["sum_endpoints", "sum_endpoints_neighbors", "sum_endpoints_neighbors_max"]
+)
 def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch, span_repr):
     torch.manual_seed(1)
     head = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=16, span_repr=span_repr).eval()
@@ -99,12 +101,13 @@ def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch, span_repr)
     assert torch.allclose(whole[1], blocked[1], atol=1e-4)
 
 
+@pytest.mark.parametrize("span_repr", ["sum_endpoints_neighbors", "sum_endpoints_neighbors_max"])
 @pytest.mark.parametrize("name", sorted(set(HEADS) - {"crf"}))
-def test_span_scores_ignore_padding_when_spans_read_their_neighbours(name):
+def test_span_scores_ignore_padding_when_spans_read_their_neighbours(name, span_repr):
     """A short document's scores do not depend on what pads it in a batch: with
     ``sum_endpoints_neighbors`` its last spans read one token past the end."""
     torch.manual_seed(3)
-    head = HEADS[name](D, M, max_width=K, hidden_width=16, span_repr="sum_endpoints_neighbors").eval()
+    head = HEADS[name](D, M, max_width=K, hidden_width=16, span_repr=span_repr).eval()
     X = torch.randn(2, 15, D)
     lengths = torch.tensor([15, 9])
     with torch.no_grad():

@@ -11,6 +11,7 @@ from spacy_fsemicrf.structured.spans import (
     gold_label_grid,
     overlap_mask,
     span_mask,
+    window_max,
     window_view,
 )
 
@@ -81,13 +82,16 @@ def test_featurizer_equals_the_explicit_formula(span_repr):
                 if span_repr == "endpoints":
                     pre = (W[:H] @ x[b, i] + bias[:H]) + (W[H:] @ x[b, j] + bias[H:])
                 elif span_repr.startswith("sum_endpoints"):  # start, end, pooled parts in order
-                    proj = x[b, i : j + 1] @ W[2 * H :].T + bias[2 * H :]
+                    proj = x[b, i : j + 1] @ W[2 * H : 3 * H].T + bias[2 * H : 3 * H]
                     start = W[:H] @ x[b, i] + bias[:H]
                     pre = start + (W[H : 2 * H] @ x[b, j] + bias[H : 2 * H]) + proj.sum(0)
-                    if span_repr == "sum_endpoints_neighbors":  # the tokens just outside
+                    if span_repr.startswith("sum_endpoints_neighbors"):  # the tokens just outside
                         U = feat.neighbor_proj.weight
                         pre = pre + (U[:H] @ x[b, i - 1] if i > 0 else 0)
                         pre = pre + (U[H:] @ x[b, j + 1] if j + 1 < L else 0)
+                    if span_repr.endswith("_max"):  # elementwise max of a fourth projection
+                        peak = x[b, i : j + 1] @ W[3 * H :].T + bias[3 * H :]
+                        pre = pre + peak.max(0).values
                 else:
                     proj = x[b, i : j + 1] @ W.T + bias
                     pre = {"sum": proj.sum(0), "mean": proj.mean(0), "max": proj.max(0).values}[span_repr]
@@ -95,6 +99,19 @@ def test_featurizer_equals_the_explicit_formula(span_repr):
                 assert torch.allclose(out[b, i, w], want, atol=1e-10)
     out.sum().backward()  # in-place ops keep autograd intact
     assert feat.token_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_window_max_matches_brute_force(seed):
+    torch.manual_seed(seed)
+    L, K, H = int(torch.randint(1, 7, ())), int(torch.randint(1, 5, ())), 3
+    x = torch.randn(2, L, H)
+    got = window_max(x, K)
+    assert got.shape == (2, L, K, H)
+    padded = torch.cat([x, torch.zeros(2, K, H)], dim=1)  # zero past the end, as window_view
+    for i in range(L):
+        for w in range(K):
+            assert torch.equal(got[:, i, w], padded[:, i : i + w + 1].max(1).values)
 
 
 def test_featurizer_rejects_unknown_repr():
