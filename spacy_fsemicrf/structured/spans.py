@@ -119,9 +119,10 @@ def window_max(x: torch.Tensor, max_width: int) -> torch.Tensor:
     """``[B, L, H] -> [B, L, K, H]`` where entry ``(b, i, w)`` is the elementwise maximum of
     ``x[b, i .. i + w]`` (zero padding past L).
 
-    A running maximum over the widths, one ``[B, L, H]`` step per width, stacked once: about
-    ten times faster than ``cummax`` over the window view, which also writes an int64 index
-    tensor of the full size, and its backward is a mask per step.
+    A running maximum over the widths, one ``[B, L, H]`` step per width, stacked once. Against
+    ``cummax`` over the window view, which also writes an int64 index tensor of the full size,
+    it was about 10x faster forward and 1.5x forward+backward (CPU, one thread, B 32, L 150,
+    K 10, H 128); its backward is a mask per step.
     """
     length = x.shape[1]
     padded = torch.nn.functional.pad(x, (0, 0, 0, max_width))
@@ -208,5 +209,5 @@ class SpanFeaturizer(nn.Module):
             if peak is not None:
                 pooled.add_(window_max(peak, K))
         else:
-            pooled = window_view(proj, K).cummax(2).values
+            pooled = window_max(proj, K)
         return pooled.add_(self.width_emb).relu_()
