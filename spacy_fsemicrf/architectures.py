@@ -47,7 +47,7 @@ def build_filtered_semicrf(
     max_width (int): widest entity in tokens (K); wider gold entities are left out of training.
     hidden_width (int): width of the span representation.
     span_repr (str): span featurizer: "endpoints" ([h_i; h_j; width]), a pooling ("sum",
-        "mean", "max"), "sum_endpoints" (sum pooling plus the boundary tokens) or
+        "mean", "max"), "sum_endpoints" (sum pooling plus the boundary tokens),
         "sum_endpoints_neighbors" (also the token before and the token after the span) or
         "sum_endpoints_neighbors_max" (also max pooling over the span, as spancat's reducer).
     transitions (bool): add label-transition scores between consecutive nodes.
