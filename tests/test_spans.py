@@ -11,6 +11,7 @@ from spacy_fsemicrf.structured.spans import (
     gold_label_grid,
     overlap_mask,
     span_mask,
+    token_coverage,
     window_max,
     window_view,
 )
@@ -55,6 +56,14 @@ def test_overlap_mask_matches_brute_force(seed, L, K):
             for w in range(min(K, L - i)):
                 want = any(a <= i + w and i <= e for a, e in chosen)
                 assert bool(got[b, i, w]) == want
+
+
+def test_token_coverage_counts_spans_or_sums_their_values():
+    doc, start, end = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 1, 2]), torch.tensor([1, 2, 3, 2])
+    counts = token_coverage(doc, start, end, 2, 5)
+    assert counts.tolist() == [[1, 1, 1, 0, 0], [0, 1, 2, 1, 0]]
+    labels = token_coverage(doc[:3], start[:3], end[:3], 2, 5, values=torch.tensor([3, 1, 2]))
+    assert labels.tolist() == [[3, 3, 1, 0, 0], [0, 2, 2, 2, 0]]
 
 
 def test_window_view_reads_ahead_with_zero_padding():

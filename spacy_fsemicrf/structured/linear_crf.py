@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from .semiring import logsumexp, lse, masked_fill_neg
-from .spans import token_mask
+from .spans import token_coverage, token_mask
 
 __all__ = [
     "TagScheme",
@@ -107,11 +107,7 @@ def spans_to_tags(
     B = lengths.shape[0]
     gold = gold.to(device).long().view(-1, 4)
     doc, start, end, label = gold.unbind(1)
-    # Label of every token by a difference array (valid since spans do not overlap).
-    diff = torch.zeros((B, length + 1), dtype=torch.long, device=device)
-    diff.index_put_((doc, start), label, accumulate=True)
-    diff.index_put_((doc, end + 1), -label, accumulate=True)
-    tok_label = diff.cumsum(1)[:, :length]
+    tok_label = token_coverage(doc, start, end, B, length, values=label)  # spans do not overlap
     is_start = torch.zeros((B, length), dtype=torch.bool, device=device)
     is_end = torch.zeros((B, length), dtype=torch.bool, device=device)
     is_start[doc, start] = True
@@ -124,7 +120,7 @@ def spans_to_tags(
             torch.where(is_end, scheme.tag("U", tok_label), scheme.tag("B", tok_label)),
             torch.where(is_end, scheme.tag("L", tok_label), scheme.tag("I", tok_label)),
         )
-    in_doc = token_mask(lengths.to(device), length)
+    in_doc = token_mask(lengths, length)
     return torch.where((tok_label > 0) & in_doc, tags, torch.zeros_like(tags))
 
 
@@ -142,7 +138,7 @@ def tags_to_spans(tags: torch.Tensor, lengths: torch.Tensor, scheme: TagScheme) 
     labels = scheme.labels.to(device)[tags]
     kind_ids = {k: i for i, k in enumerate("OBILU")}
     kinds = torch.tensor([kind_ids[k] for k in scheme.kinds], device=device)[tags]
-    in_doc = token_mask(lengths.to(device), L)
+    in_doc = token_mask(lengths, L)
     entity = in_doc & (labels > 0)
     # cont[t]: the tag at t + 1 continues the entity at t.
     same = entity[:, 1:] & (labels[:, 1:] == labels[:, :-1]) & entity[:, :-1]
@@ -235,7 +231,7 @@ def crf_score(
     T = _masked_transitions(transitions.to(emissions.dtype), allowed)
     if L == 0:
         return emissions.new_zeros(B)
-    in_doc = token_mask(lengths.to(device), L)
+    in_doc = token_mask(lengths, L)
     zero = emissions.new_zeros(())
     emit = torch.where(in_doc, emissions.gather(2, tags.unsqueeze(-1)).squeeze(-1), zero)
     prev = torch.cat([tags.new_full((B, 1), n), tags[:, :-1]], 1)
@@ -276,7 +272,7 @@ def crf_viterbi(
             tag = arg.gather(1, tag.view(-1, 1)).squeeze(1)
             path.append(tag)
         tags = torch.stack(path[::-1], 1)
-        in_doc = token_mask(lengths.to(device), L)
+        in_doc = token_mask(lengths, L)
         tags = torch.where(in_doc, tags, torch.zeros_like(tags))
         return tags, torch.where(lengths > 0, best, best.new_zeros(()))
 
@@ -299,7 +295,7 @@ def crf_marginals(
         alphas, log_z = _forward(emissions, T, lengths)
         betas = _backward(emissions, T, lengths)
         probs = (alphas + betas - log_z.view(-1, 1, 1)).exp()
-        in_doc = token_mask(lengths.to(emissions.device), L)
+        in_doc = token_mask(lengths, L)
         return torch.where(in_doc.unsqueeze(-1), probs, probs.new_zeros(()))
 
 

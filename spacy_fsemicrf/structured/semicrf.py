@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .semiring import NEG, lse, masked_fill_neg
-from .spans import token_mask
+from .spans import token_coverage, token_mask
 
 __all__ = [
     "semicrf_log_partition",
@@ -154,12 +154,8 @@ def semicrf_gold_score(
         raise ValueError(f"gold spans must have 0 <= end - start < max_width={K}")
     if L == 0:
         return _zeros_connected(scores, transitions)
-    in_doc = token_mask(lengths.to(device), L)  # [B, L]
-    # Token coverage by a difference array (gold spans do not overlap).
-    diff = torch.zeros((B, L + 1), dtype=torch.long, device=device)
-    diff.index_put_((doc, start), torch.ones_like(start), accumulate=True)
-    diff.index_put_((doc, end + 1), -torch.ones_like(start), accumulate=True)
-    covered = diff.cumsum(1)[:, :L] > 0
+    in_doc = token_mask(lengths, L)  # [B, L]
+    covered = token_coverage(doc, start, end, B, L) > 0
     null_tok = in_doc & ~covered
     total = torch.where(null_tok, S[:, :, 0, 0], S.new_zeros(())).sum(1)
     total = total.index_add(0, doc, S[doc, start, width, label])

@@ -80,13 +80,20 @@ def gold_label_grid(
 
 
 def token_coverage(
-    doc: torch.Tensor, start: torch.Tensor, end: torch.Tensor, batch: int, length: int
+    doc: torch.Tensor,
+    start: torch.Tensor,
+    end: torch.Tensor,
+    batch: int,
+    length: int,
+    values: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``LongTensor[B, L]``: how many of the given spans cover each token (difference array)."""
+    """``LongTensor[B, L]``: how many of the given spans cover each token, or with ``values``
+    (one integer per span) the sum of the values of the spans covering it; for spans that do
+    not overlap, that is the value of the one span on each covered token (difference array)."""
     diff = torch.zeros((batch, length + 1), dtype=torch.long, device=doc.device)
-    ones = torch.ones_like(start)
-    diff.index_put_((doc, start), ones, accumulate=True)
-    diff.index_put_((doc, end + 1), -ones, accumulate=True)
+    values = torch.ones_like(start) if values is None else values.long()
+    diff.index_put_((doc, start), values, accumulate=True)
+    diff.index_put_((doc, end + 1), -values, accumulate=True)
     return diff.cumsum(1)[:, :length]
 
 
