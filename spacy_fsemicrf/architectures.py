@@ -39,6 +39,7 @@ def build_filtered_semicrf(
     dropout: float = 0.1,
     hidden_depth: int = 1,
     context_depth: int = 0,
+    span_norm: bool = False,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -56,6 +57,8 @@ def build_filtered_semicrf(
     hidden_depth (int): hidden layers over each span (the featurizer is the first).
     context_depth (int): BiLSTM layers (half the token width per direction) between the
         tok2vec and the span featurizer, inside the head; 0 for none.
+    span_norm (bool): layer-normalise the span representation before its ReLU, as the Maxout
+        layer of spancat's reducer does.
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -68,6 +71,7 @@ def build_filtered_semicrf(
         dropout=dropout,
         hidden_depth=hidden_depth,
         context_depth=context_depth,
+        span_norm=span_norm,
     )
     return build_structured_model(
         "FilteredSemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,
@@ -85,6 +89,7 @@ def build_semicrf(
     dropout: float = 0.1,
     hidden_depth: int = 1,
     context_depth: int = 0,
+    span_norm: bool = False,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -98,6 +103,7 @@ def build_semicrf(
         dropout=dropout,
         hidden_depth=hidden_depth,
         context_depth=context_depth,
+        span_norm=span_norm,
     )
     return build_structured_model(
         "SemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,

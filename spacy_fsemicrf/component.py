@@ -39,6 +39,7 @@ null_weight = 0.75
 dropout = 0.1
 hidden_depth = 1
 context_depth = 0
+span_norm = false
 mixed_precision = false
 grad_scaler = null
 

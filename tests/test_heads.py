@@ -82,11 +82,19 @@ def test_head_handles_empty_and_single_token_documents(name, context_depth):
 
 
 @pytest.mark.parametrize(
-    "span_repr", ["sum_endpoints", "sum_endpoints_neighbors", "sum_endpoints_neighbors_max"]
+    "span_repr,span_norm",
+    [
+        ("sum_endpoints", False),
+        ("sum_endpoints_neighbors", False),
+        ("sum_endpoints_neighbors", True),
+        ("sum_endpoints_neighbors_max", False),
+    ],
 )
-def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch, span_repr):
+def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch, span_repr, span_norm):
     torch.manual_seed(1)
-    head = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=16, span_repr=span_repr).eval()
+    head = FilteredSemiCRFHead(
+        D, M, max_width=K, hidden_width=16, span_repr=span_repr, span_norm=span_norm
+    ).eval()
     # Make the local classifier call many spans non-null so the graph is not trivial.
     with torch.no_grad():
         head.scorer.output.bias[: M + 1] = torch.tensor([0.0] + [0.3] * M)
@@ -101,13 +109,22 @@ def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch, span_repr)
     assert torch.allclose(whole[1], blocked[1], atol=1e-4)
 
 
-@pytest.mark.parametrize("span_repr", ["sum_endpoints_neighbors", "sum_endpoints_neighbors_max"])
+@pytest.mark.parametrize(
+    "span_repr,span_norm",
+    [
+        ("sum_endpoints_neighbors", False),
+        ("sum_endpoints_neighbors", True),
+        ("sum_endpoints_neighbors_max", False),
+    ],
+)
 @pytest.mark.parametrize("name", sorted(set(HEADS) - {"crf"}))
-def test_span_scores_ignore_padding_when_spans_read_their_neighbours(name, span_repr):
+def test_span_scores_ignore_padding_when_spans_read_their_neighbours(name, span_repr, span_norm):
     """A short document's scores do not depend on what pads it in a batch: with
     ``sum_endpoints_neighbors`` its last spans read one token past the end."""
     torch.manual_seed(3)
-    head = HEADS[name](D, M, max_width=K, hidden_width=16, span_repr=span_repr).eval()
+    head = HEADS[name](
+        D, M, max_width=K, hidden_width=16, span_repr=span_repr, span_norm=span_norm
+    ).eval()
     X = torch.randn(2, 15, D)
     lengths = torch.tensor([15, 9])
     with torch.no_grad():

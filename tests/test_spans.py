@@ -73,11 +73,15 @@ def test_window_view_reads_ahead_with_zero_padding():
     assert view[0, :, :, 0].tolist() == [[1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 0], [5, 0, 0]]
 
 
+@pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("span_repr", SPAN_REPRS)
-def test_featurizer_equals_the_explicit_formula(span_repr):
+def test_featurizer_equals_the_explicit_formula(span_repr, norm):
     torch.manual_seed(0)
     D, H, K, L = 5, 4, 3, 6
-    feat = SpanFeaturizer(D, H, K, span_repr).double()
+    feat = SpanFeaturizer(D, H, K, span_repr, norm=norm).double()
+    if norm:  # trained values, not the identity the layer starts as
+        torch.nn.init.normal_(feat.norm.weight)
+        torch.nn.init.normal_(feat.norm.bias)
     x = torch.randn(2, L, D, dtype=torch.float64)
     out = feat(x)
     assert out.shape == (2, L, K, H)
@@ -104,7 +108,12 @@ def test_featurizer_equals_the_explicit_formula(span_repr):
                 else:
                     proj = x[b, i : j + 1] @ W.T + bias
                     pre = {"sum": proj.sum(0), "mean": proj.mean(0), "max": proj.max(0).values}[span_repr]
-                want = torch.relu(pre + feat.width_emb[w])
+                pre = pre + feat.width_emb[w]
+                if norm:  # standardise over the H features, then scale and shift
+                    var = pre.var(unbiased=False)
+                    pre = (pre - pre.mean()) / torch.sqrt(var + feat.norm.eps)
+                    pre = pre * feat.norm.weight + feat.norm.bias
+                want = torch.relu(pre)
                 assert torch.allclose(out[b, i, w], want, atol=1e-10)
     out.sum().backward()  # in-place ops keep autograd intact
     assert feat.token_proj.weight.grad is not None

@@ -52,8 +52,8 @@ def _empty_decoded(device: torch.device) -> Decoded:
 
 
 class _SpanScorer(nn.Module):
-    """Dropout, a :class:`SpanFeaturizer`, ``hidden_depth - 1`` more hidden layers over each
-    span, and a linear output layer: ``[B, L, D] -> [B, L, K, n_out]``."""
+    """Dropout, a :class:`SpanFeaturizer` (layer-normalised with ``span_norm``),
+    ``hidden_depth - 1`` more hidden layers over each span, and a linear output layer: ``[B, L, D] -> [B, L, K, n_out]``."""
 
     def __init__(
         self,
@@ -64,13 +64,16 @@ class _SpanScorer(nn.Module):
         span_repr: str,
         dropout: float,
         hidden_depth: int = 1,
+        span_norm: bool = False,
     ) -> None:
         super().__init__()
         if hidden_depth < 1:
             raise ValueError(f"hidden_depth must be >= 1, got {hidden_depth}")
         self.max_width = max_width
         self.dropout = nn.Dropout(dropout)
-        self.featurizer = SpanFeaturizer(input_width, hidden_width, max_width, span_repr)
+        self.featurizer = SpanFeaturizer(
+            input_width, hidden_width, max_width, span_repr, norm=span_norm
+        )
         self.hidden = nn.ModuleList(
             nn.Linear(hidden_width, hidden_width) for _ in range(hidden_depth - 1)
         )
@@ -127,6 +130,7 @@ class FilteredSemiCRFHead(nn.Module):
         dropout: float = 0.1,
         hidden_depth: int = 1,
         context_depth: int = 0,
+        span_norm: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 < null_weight <= 1.0:
@@ -140,7 +144,7 @@ class FilteredSemiCRFHead(nn.Module):
         # representation, as in the paper.
         self.scorer = _SpanScorer(
             self.context.output_width, 2 * C, max_width, hidden_width, span_repr, dropout,
-            hidden_depth,
+            hidden_depth, span_norm,
         )
         self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
 
@@ -213,6 +217,7 @@ class SemiCRFHead(nn.Module):
         dropout: float = 0.1,
         hidden_depth: int = 1,
         context_depth: int = 0,
+        span_norm: bool = False,
     ) -> None:
         super().__init__()
         self.n_labels = n_labels
@@ -221,7 +226,7 @@ class SemiCRFHead(nn.Module):
         self.context = TokenContext(input_width, context_depth)
         self.scorer = _SpanScorer(
             self.context.output_width, C, max_width, hidden_width, span_repr, dropout,
-            hidden_depth,
+            hidden_depth, span_norm,
         )
         self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
 

@@ -161,13 +161,22 @@ class SpanFeaturizer(nn.Module):
     (elementwise), the max pooling that spaCy's ``spancat`` reducer also uses: a sum cannot tell
     one strongly typed token from several weak ones.
 
+    With ``norm``, a layer normalisation over the ``H`` features comes before the ReLU, as in the
+    Maxout layer of ``spancat``'s reducer: a sum over a span grows with its width, and the
+    normalisation puts spans of every width on one scale.
+
     The ``[B, L, K, H]`` tensor is the largest in the model, so it is built with as few passes
     as possible (one out-of-place op, then in-place ones) and with ReLU, which costs a fraction
     of GELU's ``erf`` at this size.
     """
 
     def __init__(
-        self, input_width: int, hidden_width: int, max_width: int, span_repr: str = "sum"
+        self,
+        input_width: int,
+        hidden_width: int,
+        max_width: int,
+        span_repr: str = "sum",
+        norm: bool = False,
     ) -> None:
         super().__init__()
         if span_repr not in SPAN_REPRS:
@@ -186,6 +195,7 @@ class SpanFeaturizer(nn.Module):
             self.neighbor_proj = nn.Linear(input_width, 2 * hidden_width, bias=False)
         self.width_emb = nn.Parameter(torch.zeros(max_width, hidden_width))
         nn.init.normal_(self.width_emb, std=0.02)
+        self.norm = nn.LayerNorm(hidden_width) if norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         proj = self.token_proj(x)
@@ -217,4 +227,7 @@ class SpanFeaturizer(nn.Module):
                 pooled.add_(window_max(peak, K))
         else:
             pooled = window_max(proj, K)
-        return pooled.add_(self.width_emb).relu_()
+        pooled.add_(self.width_emb)
+        if self.norm is not None:
+            pooled = self.norm(pooled)
+        return pooled.relu_()
