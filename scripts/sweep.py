@@ -124,12 +124,35 @@ def group_stats(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return rows
 
 
+def paired_stats(results: List[Dict[str, Any]], group: str, baseline: str) -> Dict[str, Any]:
+    """Per-seed differences ``group - baseline`` (F1 points) over the seeds both groups ran
+    (the name after ``@``): pairing by seed removes the part of the spread that a seed's data
+    order and initialisation give to both groups alike. ``se`` is the standard error of the
+    mean difference (sd / sqrt(n))."""
+    runs = {r["name"]: r for r in results}
+    seeds = sorted(
+        name.split("@", 1)[1] for name in runs
+        if name.startswith(group + "@") and baseline + "@" + name.split("@", 1)[1] in runs
+    )
+    row: Dict[str, Any] = {"group": group, "baseline": baseline, "seeds": seeds}
+    for split in ("dev", "test"):
+        diffs = [100 * (runs[f"{group}@{s}"][split]["ents_f"] - runs[f"{baseline}@{s}"][split]["ents_f"])
+                 for s in seeds]
+        row[f"{split}_diffs"] = [round(d, 2) for d in diffs]
+        row[f"{split}_mean"] = round(statistics.mean(diffs), 3) if diffs else None
+        row[f"{split}_se"] = (round(statistics.stdev(diffs) / len(diffs) ** 0.5, 3)
+                              if len(diffs) > 1 else None)
+    return row
+
+
 def write_results(
-    results, groups, path: Path, jobs_file: Path, reference: str = "", added: List[Path] = ()
+    results, groups, path: Path, jobs_file: Path, reference: str = "", added: List[Path] = (),
+    paired: List[Dict[str, Any]] = (),
 ) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps({"jobs_file": str(jobs_file), "runs": results,
-                                                     "groups": groups}, indent=2) + "\n")
+                                                     "groups": groups, "paired": list(paired)},
+                                                    indent=2) + "\n")
     ref = {g["group"]: g for g in groups}.get(reference, {}).get("test_f1_mean")
     source = f"Jobs: `{jobs_file}`" + "".join(f"; runs added from `{p}`" for p in added)
     lines = [f"{source}; one CPU thread per run; F1 of model-best (best dev step).", "",
@@ -145,6 +168,16 @@ def write_results(
             delta = " - |" if g["test_f1_mean"] is None else f" {g['test_f1_mean'] - ref:+.2f} |"
         lines.append(f"| {g['group']} | {g['runs']} | {cell('dev')} | {cell('test')} | "
                      f"{', '.join(f'{s:.2f}' for s in g['test_f1_runs'])} |" + delta)
+    if paired:
+        lines += ["", "Paired by seed (F1 points, group minus baseline; se = sd / sqrt(seeds)):", "",
+                  "| group | baseline | seeds | dev diff mean (se) | test diff mean (se) | dev diffs |",
+                  "|---|---|---|---|---|---|"]
+        for row in paired:
+            def diff(split):
+                m, se = row[f"{split}_mean"], row[f"{split}_se"]
+                return "-" if m is None else f"{m:+.2f}" + (f" ({se:.2f})" if se is not None else "")
+            lines.append(f"| {row['group']} | {row['baseline']} | {len(row['seeds'])} | {diff('dev')} "
+                         f"| {diff('test')} | {', '.join(f'{d:+.2f}' for d in row['dev_diffs'])} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -165,6 +198,8 @@ def main(argv=None) -> None:
                         "seeds from another sweep); a run of this sweep replaces one of the same name")
     p.add_argument("--add-groups", nargs="*", default=None,
                    help="with --add-runs: only the runs of these groups")
+    p.add_argument("--paired", nargs=2, action="append", default=[], metavar=("GROUP", "BASELINE"),
+                   help="also tabulate GROUP minus BASELINE seed by seed (repeatable)")
     p.add_argument("--collect", action="store_true",
                    help="train nothing: tabulate the jobs already run under --output (e.g. on "
                         "several machines), skipping those without a training summary")
@@ -181,7 +216,8 @@ def main(argv=None) -> None:
             results = list(pool.map(lambda j: run_job(j, args), jobs))
     results = earlier_runs(args.add_runs, args.add_groups, {r["name"] for r in results}) + results
     groups = group_stats(results)
-    write_results(results, groups, args.results, args.jobs, args.reference, args.add_runs)
+    paired = [paired_stats(results, group, baseline) for group, baseline in args.paired]
+    write_results(results, groups, args.results, args.jobs, args.reference, args.add_runs, paired)
     print(args.results.with_suffix(".md").read_text())
 
 

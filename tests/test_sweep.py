@@ -92,3 +92,22 @@ def test_earlier_runs_join_the_table_unless_rerun(tmp_path):
 def test_shipped_job_files_name_existing_configs(name):
     for job in sweep.load_jobs(ROOT / "benchmarks" / "sweeps" / name):
         assert (ROOT / job["config"]).exists(), job
+
+
+def test_paired_differences_match_seeds_by_name(tmp_path):
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([{"name": f"new@seed{i}", "config": "c.cfg"} for i in range(3)]
+                               + [{"name": f"old@seed{i}", "config": "c.cfg"} for i in (0, 1, 5)]))
+    out = tmp_path / "runs"
+    for i, (dev_new, dev_old) in enumerate([(0.90, 0.88), (0.86, 0.85), (0.80, 0.70)]):
+        _finished_run(out, f"new@seed{i}", dev_new, dev_new)
+        _finished_run(out, f"old@seed{(0, 1, 5)[i]}", dev_old, dev_old - 0.01)
+    sweep.main([str(jobs), "--output", str(out), "--results", str(tmp_path / "res"), "--collect",
+                "--paired", "new", "old"])
+    (row,) = json.loads((tmp_path / "res.json").read_text())["paired"]
+    assert row["seeds"] == ["seed0", "seed1"]  # new@seed2 and old@seed5 have no partner
+    assert row["dev_diffs"] == [2.0, 1.0]
+    assert row["dev_mean"] == pytest.approx(1.5)
+    assert row["dev_se"] == pytest.approx(0.5)  # sd 0.707 over sqrt(2)
+    assert row["test_mean"] == pytest.approx(2.5)
+    assert "| new | old | 2 | +1.50 (0.50) | +2.50 (0.50) | +2.00, +1.00 |" in (tmp_path / "res.md").read_text()
