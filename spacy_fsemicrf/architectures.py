@@ -40,6 +40,7 @@ def build_filtered_semicrf(
     hidden_depth: int = 1,
     context_depth: int = 0,
     span_norm: bool = False,
+    boundary_smoothing: float = 0.0,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -59,6 +60,9 @@ def build_filtered_semicrf(
         tok2vec and the span featurizer, inside the head; 0 for none.
     span_norm (bool): layer-normalise the span representation before its ReLU, as the Maxout
         layer of spancat's reducer does.
+    boundary_smoothing (float): eps of boundary smoothing (Zhu and Li, 2022) in the local loss:
+        a gold span's target keeps 1 - eps, the spans one boundary step away share eps; 0 for
+        none.
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -72,6 +76,7 @@ def build_filtered_semicrf(
         hidden_depth=hidden_depth,
         context_depth=context_depth,
         span_norm=span_norm,
+        boundary_smoothing=boundary_smoothing,
     )
     return build_structured_model(
         "FilteredSemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,

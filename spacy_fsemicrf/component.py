@@ -40,6 +40,7 @@ dropout = 0.1
 hidden_depth = 1
 context_depth = 0
 span_norm = false
+boundary_smoothing = 0.0
 mixed_precision = false
 grad_scaler = null
 

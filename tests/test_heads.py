@@ -214,3 +214,48 @@ def test_the_structured_layer_works_without_spacy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_boundary_smoothing_is_the_soft_target_cross_entropy(seed):
+    """The smoothed local loss equals the cross-entropy against explicit soft targets: each gold
+    span keeps 1 - eps of its label (eps to null), and the candidates at boundary distance
+    exactly 1 from it (one end moved by one token) share eps of that label."""
+    eps, beta = 0.3, 0.75
+    torch.manual_seed(seed)
+    plain = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=16, null_weight=beta).eval()
+    smooth = FilteredSemiCRFHead(
+        D, M, max_width=K, hidden_width=16, null_weight=beta, boundary_smoothing=eps
+    ).eval()
+    smooth.load_state_dict(plain.state_dict())
+    X, lengths, gold = toy_batch(seed, B=4, L=9)
+    with torch.no_grad():
+        difference = smooth(X, lengths, gold) - plain(X, lengths, gold)
+        local, _ = plain.span_scores(X, lengths)
+    logp = local.double().log_softmax(-1)
+    B, L, _, C = local.shape
+    golds = {(b, i, j): lab for b, i, j, lab in gold.tolist()}
+    want = 0.0
+    for b in range(B):
+        n = int(lengths[b])
+        spans = [(i, j) for i in range(n) for j in range(i, min(i + K, n))]
+        for i, j in spans:
+            hard = torch.zeros(C, dtype=torch.float64)
+            hard[golds.get((b, i, j), 0)] = 1.0
+            soft = hard.clone()
+            if (b, i, j) in golds:
+                soft[golds[(b, i, j)]] -= eps
+                soft[0] += eps
+            for (gb, gi, gj), lab in golds.items():
+                near = [(a, c) for a, c in spans if abs(a - gi) + abs(c - gj) == 1]
+                if gb == b and (i, j) in near:
+                    soft[lab] += eps / len(near)
+                    soft[0] -= eps / len(near)
+            weight = 1.0 if (b, i, j) in golds else beta
+            want += weight * float(-(soft - hard) @ logp[b, i, j - i])
+    assert torch.allclose(difference.double(), torch.tensor(want, dtype=torch.float64), atol=1e-4)
+
+
+def test_boundary_smoothing_must_leave_the_gold_span_some_mass():
+    with pytest.raises(ValueError, match="boundary_smoothing"):
+        FilteredSemiCRFHead(D, M, boundary_smoothing=1.0)

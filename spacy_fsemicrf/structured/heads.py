@@ -34,7 +34,7 @@ from .semicrf import (
     semicrf_viterbi,
 )
 from .semiring import masked_fill_neg
-from .spans import SpanFeaturizer, gold_label_grid, span_mask, token_mask
+from .spans import SpanFeaturizer, boundary_neighbors, gold_label_grid, span_mask, token_mask
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
 HeadOutput = Union[torch.Tensor, Decoded]
@@ -115,6 +115,11 @@ class FilteredSemiCRFHead(nn.Module):
     ``L_loc + L_glob``: the cross-entropy of the local classifier over all candidates (null
     spans weighted by ``null_weight``) plus the global CRF loss over the gold-constrained node
     set. Decoding is the best path; confidences are the node marginals.
+
+    With ``boundary_smoothing = eps > 0`` the local targets are smoothed as in Zhu and Li (2022):
+    a gold span's target puts ``1 - eps`` on its label and ``eps`` on null, and ``eps`` of that
+    label goes to the spans one boundary step away (:func:`~.spans.boundary_neighbors`), shared
+    equally. It only changes the local loss: no cost at prediction.
     """
 
     def __init__(
@@ -131,13 +136,17 @@ class FilteredSemiCRFHead(nn.Module):
         hidden_depth: int = 1,
         context_depth: int = 0,
         span_norm: bool = False,
+        boundary_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
         if not 0.0 < null_weight <= 1.0:
             raise ValueError(f"null_weight must be in (0, 1], got {null_weight}")
+        if not 0.0 <= boundary_smoothing < 1.0:
+            raise ValueError(f"boundary_smoothing must be in [0, 1), got {boundary_smoothing}")
         self.n_labels = n_labels
         self.max_width = max_width
         self.null_weight = null_weight
+        self.boundary_smoothing = boundary_smoothing
         C = n_labels + 1
         self.context = TokenContext(input_width, context_depth)
         # One scorer with 2C outputs: the local scores and the global scores share the span
@@ -174,12 +183,30 @@ class FilteredSemiCRFHead(nn.Module):
         ).view(B, L, K)
         weight = torch.where(grid > 0, 1.0, self.null_weight) * valid
         loss_local = (ce * weight).sum()
+        if self.boundary_smoothing > 0:
+            loss_local = loss_local + self._smoothing_correction(local, lengths, gold)
         mask, labels = filtered.training_nodes(local.detach(), lengths, grid)
         scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         T = None if self.transitions is None else self.transitions.float()
         log_z = filtered.filtered_log_partition(scores, mask, labels, T)
         gold_score = filtered.path_score(scores, grid > 0, labels, T)
         return loss_local + (log_z - gold_score).sum()
+
+    def _smoothing_correction(
+        self, local: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor
+    ) -> torch.Tensor:
+        """Soft-target cross-entropy minus the hard one, summed: for a target that moves mass
+        ``m`` from label ``a`` to label ``b`` the difference is ``m * (s_a - s_b)`` in the raw
+        scores (the log-normaliser cancels), so only the moved entries are read."""
+        eps = self.boundary_smoothing
+        gold = gold.to(local.device).long().view(-1, 4)
+        doc, start, end, label = gold.unbind(-1)
+        at_gold = local[doc, start, end - start].float()  # [G, C]
+        rows, share = boundary_neighbors(gold, lengths, self.max_width)
+        at_next = local[rows[:, 0], rows[:, 1], rows[:, 2]].float()  # [N, C]
+        to_null = (at_gold.gather(1, label.unsqueeze(1)) - at_gold[:, :1]).sum()
+        to_label = share * (at_next[:, 0] - at_next.gather(1, rows[:, 3:]).squeeze(1))
+        return eps * (to_null + self.null_weight * to_label.sum())
 
     def nodes(self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor) -> filtered.NodeSet:
         """The inference node set, with each node's global score."""

@@ -6,7 +6,7 @@ of tokens ``i .. i + w`` (inclusive, width ``w + 1``) of document ``b``. It is a
 most ``n * K``.
 """
 import functools
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -77,6 +77,34 @@ def gold_label_grid(
         raise ValueError("gold spans overlap within a document")
     grid[doc, start, width] = label
     return grid
+
+
+def boundary_neighbors(
+    gold: torch.Tensor, lengths: torch.Tensor, max_width: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The candidate spans one boundary step away from each gold span (Zhu and Li, 2022,
+    "Boundary Smoothing for Named Entity Recognition", distance 1): ``i - 1 .. j``,
+    ``i + 1 .. j``, ``i .. j - 1`` and ``i .. j + 1``, those that are candidates (inside the
+    document, not empty, at most ``max_width`` wide).
+
+    Returns ``(rows LongTensor[N, 4], share FloatTensor[N])``: rows ``(doc, start, width,
+    label)`` in the grid layout, with the gold span's label, and ``share = 1 / n`` for a gold
+    span with ``n`` such neighbours. Every neighbour overlaps its gold span, so none of them is
+    gold (gold spans do not overlap); a span next to two gold spans appears twice.
+    """
+    gold = gold.to(lengths.device).long().view(-1, 4)
+    doc, start, end, label = gold.unbind(-1)
+    steps = torch.tensor([[-1, 0], [1, 0], [0, -1], [0, 1]], device=gold.device)
+    n_start = start.unsqueeze(1) + steps[:, 0]  # [G, 4]
+    n_end = end.unsqueeze(1) + steps[:, 1]
+    ok = (n_start >= 0) & (n_end >= n_start) & (n_end - n_start < max_width)
+    ok &= n_end < lengths[doc].unsqueeze(1)
+    share = (1.0 / ok.sum(1).clamp_min(1).float()).unsqueeze(1).expand_as(n_start)
+    rows = torch.stack(
+        [doc.unsqueeze(1).expand_as(n_start), n_start, n_end - n_start,
+         label.unsqueeze(1).expand_as(n_start)], dim=-1,
+    )
+    return rows[ok], share[ok]
 
 
 def token_coverage(
