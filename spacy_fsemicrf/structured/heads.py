@@ -53,7 +53,8 @@ def _empty_decoded(device: torch.device) -> Decoded:
 
 class _SpanScorer(nn.Module):
     """Dropout, a :class:`SpanFeaturizer` (layer-normalised with ``span_norm``),
-    ``hidden_depth - 1`` more hidden layers over each span, and a linear output layer: ``[B, L, D] -> [B, L, K, n_out]``."""
+    ``hidden_depth - 1`` more hidden layers over each span, and a linear output layer:
+    ``[B, L, D] -> [B, L, K, n_out]``."""
 
     def __init__(
         self,
@@ -117,9 +118,10 @@ class FilteredSemiCRFHead(nn.Module):
     set. Decoding is the best path; confidences are the node marginals.
 
     With ``boundary_smoothing = eps > 0`` the local targets are smoothed as in Zhu and Li (2022):
-    a gold span's target puts ``1 - eps`` on its label and ``eps`` on null, and ``eps`` of that
-    label goes to the spans one boundary step away (:func:`~.spans.boundary_neighbors`), shared
-    equally. It only changes the local loss: no cost at prediction.
+    a gold span's target keeps ``1 - eps`` on its label and puts ``eps`` on null, and each of its
+    ``n`` neighbours one boundary step away (:func:`~.spans.boundary_neighbors`), a null span,
+    moves ``eps / n`` of its target from null to that label (weighted by ``null_weight``, like
+    every null span). It only changes the local loss: no cost at prediction.
     """
 
     def __init__(
