@@ -66,11 +66,15 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--output", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--prefix", default="kept_nodes")
+    p.add_argument("--filter-margin", type=float, default=None,
+                   help="prediction-time filter margin (default: the pipeline's own)")
     args = p.parse_args()
     torch.set_num_threads(1)
 
     nlp = spacy.load(args.model)
     name, head = find_head(nlp, args.component)
+    if args.filter_margin is not None:
+        nlp.get_pipe(name).filter_margin = args.filter_margin
     K = int(head.max_width)
     C = int(head.n_labels) + 1
     captured = []
@@ -80,7 +84,8 @@ def main() -> None:
         lengths = hargs[1] if len(hargs) > 1 else hkwargs["lengths"]
         if hkwargs.get("gold") is None and (len(hargs) < 3 or hargs[2] is None):
             captured.append((lengths.detach().cpu().tolist(),
-                             module.count_nodes(X, lengths).detach().cpu().tolist()))
+                             module.count_nodes(X, lengths, hkwargs.get("filter_margin", 0.0))
+                             .detach().cpu().tolist()))
 
     handle = head.register_forward_pre_hook(hook, with_kwargs=True)
     gold = list(DocBin().from_disk(args.test).get_docs(nlp.vocab))
@@ -109,6 +114,7 @@ def main() -> None:
     ratios = [r["kept_nodes"] / r["candidates"] for r in rows if r["candidates"]]
     summary = {
         "model": str(args.model), "component": name, "max_width_K": K, "classes_C": C,
+        "filter_margin": nlp.get_pipe(name).filter_margin,
         "docs": len(rows), "tokens": tot_tok,
         "kept_nodes_total": tot_nodes, "candidates_total": tot_cand,
         "LK_total": tot_tok * K,
@@ -128,7 +134,8 @@ def main() -> None:
         "# Kept filtered nodes vs candidate spans (CoNLL-2003 test)",
         "",
         f"Pipeline `{s['model']}` (component `{s['component']}`), K = {K}, C = {C} classes; "
-        f"{s['docs']} docs, {s['tokens']} tokens.",
+        f"{s['docs']} docs, {s['tokens']} tokens"
+        + (f", filter margin {s['filter_margin']:g}." if s["filter_margin"] else "."),
         "",
         "| quantity | total | per token |",
         "|---|---:|---:|",

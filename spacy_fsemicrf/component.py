@@ -9,6 +9,7 @@ them are left out of ``doc.ents``, and every other token without entity informat
 "outside" (O).
 """
 import logging
+import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy
@@ -63,6 +64,7 @@ DEFAULT_MODEL = Config().from_str(default_model_config)["model"]
     default_config={
         "model": DEFAULT_MODEL,
         "spans_key": DEFAULT_SPANS_KEY,
+        "filter_margin": 0.0,
         "scorer": {"@scorers": "spacy-fsemicrf.ner_scorer.v1"},
     },
     default_score_weights={
@@ -77,6 +79,7 @@ def make_fsemicrf_ner(
     name: str,
     model: Model,
     spans_key: str,
+    filter_margin: float,
     scorer: Optional[Callable],
 ) -> "FSemiCRFEntityRecognizer":
     """Create an ``fsemicrf_ner`` component.
@@ -84,9 +87,15 @@ def make_fsemicrf_ner(
     model (Model): one of the ``spacy-fsemicrf.*`` architectures (filtered semi-CRF, exact
         semi-CRF or linear-chain CRF over a tok2vec layer).
     spans_key (str): ``doc.spans`` key for the predicted entities with their confidences.
+    filter_margin (float): prediction-time threshold of the filtered head, in log-odds: keep
+        the spans whose best entity label scores above null minus this margin. 0 is the
+        paper's filter; above 0 trades precision for recall, below 0 the reverse. Only the
+        filtered semi-CRF head filters; the other heads need 0.
     scorer (Optional[Callable]): defaults to ``spacy-fsemicrf.ner_scorer.v1`` (ents_p/r/f).
     """
-    return FSemiCRFEntityRecognizer(nlp.vocab, model, name, spans_key=spans_key, scorer=scorer)
+    return FSemiCRFEntityRecognizer(
+        nlp.vocab, model, name, spans_key=spans_key, filter_margin=filter_margin, scorer=scorer
+    )
 
 
 class FSemiCRFEntityRecognizer(TrainablePipe):
@@ -99,6 +108,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         name: str = "fsemicrf_ner",
         *,
         spans_key: str = DEFAULT_SPANS_KEY,
+        filter_margin: float = 0.0,
         scorer: Optional[Callable] = ner_score,
     ) -> None:
         self.vocab = vocab
@@ -106,6 +116,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.name = name
         self.scorer = scorer
         self.cfg: Dict[str, Any] = {"labels": [], "spans_key": spans_key}
+        # Not in cfg (nor in the model's attrs): both are saved with the weights and would
+        # override, on loading, a margin given in the config (spacy.load(..., config=...)).
+        self._filter_margin = 0.0
+        self.filter_margin = filter_margin
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
         self.widest_dropped = 0
@@ -128,6 +142,23 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
     def max_width(self) -> int:
         """Widest entity (in tokens) the model's head can represent."""
         return int(self.model.attrs["max_width"])
+
+    @property
+    def filter_margin(self) -> float:
+        """The prediction-time margin of the filter (log-odds; see the factory)."""
+        return self._filter_margin
+
+    @filter_margin.setter
+    def filter_margin(self, margin: float) -> None:
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+            raise ValueError(f"filter_margin must be a finite number, got {margin!r}")
+        if margin and self.model.attrs.get("arch") != "FilteredSemiCRF":
+            raise ValueError(
+                f"filter_margin={margin} needs the filtered semi-CRF head "
+                f"(spacy-fsemicrf.FilteredSemiCRF.v1): the {self.model.attrs.get('arch')} head "
+                f"does not filter spans. Leave it at 0."
+            )
+        self._filter_margin = float(margin)
 
     @property
     def span_head(self) -> bool:
@@ -304,6 +335,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         docs = list(docs)
         if not any(len(doc) for doc in docs):
             return numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32")
+        self.model.get_ref("head").attrs["filter_margin"] = self._filter_margin
         spans, confs = self.model.predict((docs, None))
         return numpy.asarray(spans, dtype="int64"), numpy.asarray(confs, dtype="float32")
 

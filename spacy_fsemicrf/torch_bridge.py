@@ -148,6 +148,8 @@ def make_head_model(
             "head_arch": arch,
             "head_kwargs": dict(head_kwargs),
             "max_padded_tokens": DEFAULT_MAX_PADDED_TOKENS,
+            # prediction only; set by the component (FilteredSemiCRF heads take it)
+            "filter_margin": 0.0,
         },
         dims={"nI": None, "nO": None},
     )
@@ -293,6 +295,8 @@ def _to_torch_args(model, Xs, lengths, gold, is_train):
         gold_np = gold if isinstance(gold, numpy.ndarray) else model.ops.to_numpy(gold)
         gold_np = numpy.asarray(gold_np, dtype="int64").reshape(-1, 4)
         kwargs["gold"] = torch.as_tensor(gold_np, dtype=torch.long).to(device)
+    elif model.attrs.get("filter_margin", 0.0):
+        kwargs["filter_margin"] = float(model.attrs["filter_margin"])
     return ArgsKwargs(args=(Xt, lengths_t), kwargs=kwargs)
 
 

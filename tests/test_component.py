@@ -12,9 +12,9 @@ from thinc.api import Adam
 from spacy_fsemicrf.component import FSemiCRFEntityRecognizer, set_entities
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
-    from .conftest import LABELS, TRAIN_DATA, gold_set, make_examples, predicted_set
+    from .conftest import LABELS, TRAIN_DATA, gold_set, make_examples, model_config, predicted_set
 except ImportError:  # pragma: no cover
-    from conftest import LABELS, TRAIN_DATA, gold_set, make_examples, predicted_set
+    from conftest import LABELS, TRAIN_DATA, gold_set, make_examples, model_config, predicted_set
 
 # Labels ----------------------------------------------------------------------------------------
 
@@ -219,6 +219,41 @@ def test_pipe_with_two_processes(trained_nlp):
 def test_displacy(trained_nlp):
     html = displacy.render(trained_nlp("John Smith works for Google in Paris ."), style="ent")
     assert "Google" in html and "ORG" in html
+
+
+def test_filter_margin_from_the_config_and_at_run_time(trained_nlp, tmp_path):
+    texts = [text for text, _ in TRAIN_DATA]
+    trained_nlp.to_disk(tmp_path / "pipeline")
+    # a margin given at loading time is not overridden by the saved component
+    nlp = spacy.load(tmp_path / "pipeline",
+                     config={"components": {"fsemicrf_ner": {"filter_margin": -1e6}}})
+    ner = nlp.get_pipe("fsemicrf_ner")
+    assert ner.filter_margin == -1e6
+    assert all(len(doc.ents) == 0 for doc in nlp.pipe(texts))  # no span beats null by 1e6
+    ner.filter_margin = 0
+    assert predicted_set(nlp.pipe(texts)) == predicted_set(trained_nlp.pipe(texts))
+    # every candidate span a node: a maximal path covers every token
+    ner.filter_margin = 1e6
+    for doc in nlp.pipe(texts):
+        assert sum(len(ent) for ent in doc.ents) == len(doc)
+        assert max(len(ent) for ent in doc.ents) <= ner.max_width
+
+
+def test_filter_margin_errors():
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner")
+    for bad in (float("nan"), float("inf"), "0.5", True, None):
+        with pytest.raises(ValueError, match="finite number"):
+            ner.filter_margin = bad
+    assert ner.filter_margin == 0.0
+    exact = nlp.add_pipe("fsemicrf_ner", name="exact",
+                         config={"model": model_config("spacy-fsemicrf.SemiCRF.v1")})
+    exact.filter_margin = 0.0
+    with pytest.raises(ValueError, match="does not filter"):
+        exact.filter_margin = 0.5
+    with pytest.raises(ValueError, match="does not filter"):
+        nlp.add_pipe("fsemicrf_ner", name="crf", config={
+            "model": model_config("spacy-fsemicrf.LinearCRF.v1"), "filter_margin": -1.0})
 
 
 # Serialization ---------------------------------------------------------------------------------

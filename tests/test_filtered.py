@@ -348,6 +348,23 @@ def test_inference_nodes_are_the_non_null_local_argmax():
     assert torch.equal(labels[mask], local.argmax(-1)[mask])
 
 
+@pytest.mark.parametrize("margin", [-1.5, 0.0, 0.4, 2.0])
+def test_inference_nodes_keep_the_spans_within_the_margin(margin):
+    gen = torch.Generator().manual_seed(1)
+    local, glob = torch.randn((2, 3, 8, 3, 5), generator=gen).unbind(0)
+    lengths = torch.tensor([8, 3, 0])
+    mask, labels = inference_nodes(local, lengths, margin)
+    best, best_label = local[..., 1:].max(-1)
+    expected = (best > local[..., 0] - margin) & span_mask(lengths, 8, 3)
+    assert torch.equal(mask, expected)
+    assert torch.equal(labels, (best_label + 1) * mask)
+    nodes = inference_node_set(local, glob, lengths, margin)
+    assert torch.equal(nodes.grid(), mask) and torch.equal(nodes.grid(nodes.labels), labels)
+    # a larger margin keeps a superset of the nodes, with the same labels
+    wider, wider_labels = inference_nodes(local, lengths, margin + 0.5)
+    assert torch.equal(mask & wider, mask) and torch.equal(wider_labels * mask, labels)
+
+
 @pytest.mark.parametrize("with_transitions", [False, True])
 def test_scores_off_the_nodes_are_never_read(with_transitions):
     """NaN and inf off the nodes change nothing (empty enumeration slots and scan padding

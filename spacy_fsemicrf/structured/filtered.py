@@ -115,14 +115,18 @@ def _label_planes(scores: torch.Tensor) -> torch.Tensor:
     return scores.permute(3, 0, 1, 2).reshape(scores.shape[-1], -1)
 
 
-def _filter(local_scores: torch.Tensor, lengths: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(index [n], labels [n])``: the candidate spans whose local argmax is not null, as flat
-    grid indices (in grid order), and their local argmax labels."""
+def _filter(
+    local_scores: torch.Tensor, lengths: torch.Tensor, margin: float = 0.0
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(index [n], labels [n])``: the candidate spans whose best entity label scores above
+    null minus ``margin`` (with 0, those whose local argmax is not null), as flat grid indices
+    (in grid order), and that best entity label."""
     B, L, K, C = local_scores.shape
     planes = _label_planes(local_scores)
     # amax + a comparison over whole planes is several times faster than argmax over the label
     # axis on CPU; argmax then runs on the kept spans only. Ties go to null, as with argmax.
-    index = _candidates_only(_flat_nonzero(planes[1:].amax(0) > planes[0]), lengths, L, K)
+    null = planes[0] if not margin else planes[0] - margin
+    index = _candidates_only(_flat_nonzero(planes[1:].amax(0) > null), lengths, L, K)
     # The kept spans' label columns: index_select is the cheap gather here (5 us where advanced
     # indexing of the transposed planes takes 50, at 32 x 64 tokens), and max(0).indices the
     # cheap argmax over them (21 us against 81 for argmax(0); both give the first maximum).
@@ -136,24 +140,31 @@ def _on_grid(index: torch.Tensor, values: torch.Tensor, shape: Tuple[int, ...]) 
 
 
 def inference_nodes(
-    local_scores: torch.Tensor, lengths: torch.Tensor
+    local_scores: torch.Tensor, lengths: torch.Tensor, margin: float = 0.0
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Filtering at inference: the candidate spans whose local argmax label is not null.
+    """Filtering at inference: the candidate spans whose local argmax label is not null, each
+    labelled with that argmax.
 
     ``local_scores`` is ``[B, L, K, C]``; returns ``(node_mask [B, L, K], node_labels [B, L, K])``.
+    ``margin`` (log-odds) moves the filter's threshold: a span is kept when its best entity
+    label scores above ``null - margin``, so a positive margin keeps more spans (recall), a
+    negative one fewer (precision). Training always filters at 0, as the paper does.
     """
-    index, labels = _filter(local_scores, lengths)
+    index, labels = _filter(local_scores, lengths, margin)
     shape = tuple(local_scores.shape[:3])
     mask = _on_grid(index, torch.ones_like(index, dtype=torch.bool), shape)
     return mask, _on_grid(index, labels, shape)
 
 
 def inference_node_set(
-    local_scores: torch.Tensor, global_scores: torch.Tensor, lengths: torch.Tensor
+    local_scores: torch.Tensor,
+    global_scores: torch.Tensor,
+    lengths: torch.Tensor,
+    margin: float = 0.0,
 ) -> NodeSet:
     """The nodes of :func:`inference_nodes` as a :class:`NodeSet`, with their global scores
     (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``)."""
-    index, labels = _filter(local_scores, lengths)
+    index, labels = _filter(local_scores, lengths, margin)
     scores = _label_planes(global_scores)[labels, index].float()
     return NodeSet(index, labels, scores, tuple(local_scores.shape[:3]))
 

@@ -122,6 +122,10 @@ class FilteredSemiCRFHead(nn.Module):
     ``n`` neighbours one boundary step away (:func:`~.spans.boundary_neighbors`), a null span,
     moves ``eps / n`` of its target from null to that label (weighted by ``null_weight``, like
     every null span). It only changes the local loss: no cost at prediction.
+
+    ``filter_margin`` (prediction only, log-odds): keep the spans whose best entity label scores
+    above null minus the margin. A node that overlaps no other is always on the best path, so
+    the margin is the threshold of the prediction: above 0 it trades precision for recall.
     """
 
     def __init__(
@@ -167,11 +171,15 @@ class FilteredSemiCRFHead(nn.Module):
         return scores.chunk(2, dim=-1)
 
     def forward(
-        self, X: torch.Tensor, lengths: torch.Tensor, gold: Optional[torch.Tensor] = None
+        self,
+        X: torch.Tensor,
+        lengths: torch.Tensor,
+        gold: Optional[torch.Tensor] = None,
+        filter_margin: float = 0.0,
     ) -> HeadOutput:
         local, glob = self.span_scores(X, lengths)
         if gold is None:
-            return self.decode(local, glob, lengths)
+            return self.decode(local, glob, lengths, filter_margin)
         return self.loss(local, glob, lengths, gold)
 
     def loss(
@@ -210,22 +218,28 @@ class FilteredSemiCRFHead(nn.Module):
         to_label = share * (at_next[:, 0] - at_next.gather(1, rows[:, 3:]).squeeze(1))
         return eps * (to_null + self.null_weight * to_label.sum())
 
-    def nodes(self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor) -> filtered.NodeSet:
+    def nodes(
+        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, filter_margin: float = 0.0
+    ) -> filtered.NodeSet:
         """The inference node set, with each node's global score."""
-        return filtered.inference_node_set(local, glob, lengths)
+        return filtered.inference_node_set(local, glob, lengths, filter_margin)
 
-    def decode(self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor) -> Decoded:
-        nodes = self.nodes(local, glob, lengths)
+    def decode(
+        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, filter_margin: float = 0.0
+    ) -> Decoded:
+        nodes = self.nodes(local, glob, lengths, filter_margin)
         T = None if self.transitions is None else self.transitions.detach().float()
         best, marginals = filtered.decode_node_set(nodes, T)
         # the node list is in grid order, so the spans come sorted by (doc, start)
         return nodes.spans(best), marginals[best].clamp(0.0, 1.0)
 
     @torch.no_grad()
-    def count_nodes(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def count_nodes(
+        self, X: torch.Tensor, lengths: torch.Tensor, filter_margin: float = 0.0
+    ) -> torch.Tensor:
         """``LongTensor[B]``: the size of the filtered graph (kept nodes) of each document."""
         local, glob = self.span_scores(X, lengths)
-        return self.nodes(local, glob, lengths).counts()
+        return self.nodes(local, glob, lengths, filter_margin).counts()
 
 
 class SemiCRFHead(nn.Module):
