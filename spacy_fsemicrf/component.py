@@ -116,8 +116,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.name = name
         self.scorer = scorer
         self.cfg: Dict[str, Any] = {"labels": [], "spans_key": spans_key}
-        # Not in cfg (nor in the model's attrs): both are saved with the weights and would
-        # override, on loading, a margin given in the config (spacy.load(..., config=...)).
+        # Held here, not in cfg or the head's attrs, which are saved with the weights and
+        # would override on loading a margin given in the config (spacy.load(..., config=...));
+        # predict copies it to the head's attrs on every call.
         self._filter_margin = 0.0
         self.filter_margin = filter_margin
         self.n_wide_dropped = 0
