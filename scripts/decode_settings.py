@@ -28,15 +28,12 @@ sys.path.insert(0, str(HERE))
 import spacy  # noqa: E402
 
 from benchmark import load_docs, make_inputs, score, set_threads, time_pipe  # noqa: E402
-
-COMPONENT_FACTORY = "fsemicrf_ner"
+from kept_nodes import find_head  # noqa: E402
 
 
 def component(nlp):
-    for name in nlp.pipe_names:
-        if nlp.get_pipe_meta(name).factory == COMPONENT_FACTORY:
-            return nlp.get_pipe(name)
-    sys.exit(f"no {COMPONENT_FACTORY} component in {nlp.pipe_names}")
+    """The pipeline's fsemicrf_ner component with a filtered head (the one that has margins)."""
+    return nlp.get_pipe(find_head(nlp)[0])
 
 
 def evaluate(nlp, docs, batch_size: int) -> Dict[str, float]:
