@@ -41,6 +41,7 @@ def build_filtered_semicrf(
     context_depth: int = 0,
     span_norm: bool = False,
     boundary_smoothing: float = 0.0,
+    doc_vector: bool = False,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -63,6 +64,8 @@ def build_filtered_semicrf(
     boundary_smoothing (float): eps of boundary smoothing (Zhu and Li, 2022) in the local loss:
         a gold span's target keeps 1 - eps, the spans one boundary step away share eps; 0 for
         none.
+    doc_vector (bool): add a projection of the document's mean token vector to every span, so
+        that what the document is about can weigh on the label.
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -77,6 +80,7 @@ def build_filtered_semicrf(
         context_depth=context_depth,
         span_norm=span_norm,
         boundary_smoothing=boundary_smoothing,
+        doc_vector=doc_vector,
     )
     return build_structured_model(
         "FilteredSemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,
@@ -95,6 +99,7 @@ def build_semicrf(
     hidden_depth: int = 1,
     context_depth: int = 0,
     span_norm: bool = False,
+    doc_vector: bool = False,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -109,6 +114,7 @@ def build_semicrf(
         hidden_depth=hidden_depth,
         context_depth=context_depth,
         span_norm=span_norm,
+        doc_vector=doc_vector,
     )
     return build_structured_model(
         "SemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,

@@ -42,6 +42,7 @@ hidden_depth = 1
 context_depth = 0
 span_norm = false
 boundary_smoothing = 0.0
+doc_vector = false
 mixed_precision = false
 grad_scaler = null
 

@@ -12,9 +12,13 @@ from thinc.api import Adam
 from spacy_fsemicrf.component import FSemiCRFEntityRecognizer, set_entities
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
-    from .conftest import LABELS, TRAIN_DATA, gold_set, make_examples, model_config, predicted_set
+    from .conftest import (
+        LABELS, TRAIN_DATA, gold_set, make_examples, model_config, predicted_set, train_pipeline,
+    )
 except ImportError:  # pragma: no cover
-    from conftest import LABELS, TRAIN_DATA, gold_set, make_examples, model_config, predicted_set
+    from conftest import (  # type: ignore[no-redef]
+        LABELS, TRAIN_DATA, gold_set, make_examples, model_config, predicted_set, train_pipeline,
+    )
 
 # Labels ----------------------------------------------------------------------------------------
 
@@ -281,6 +285,21 @@ def test_to_disk_and_spacy_load_give_identical_predictions(trained_nlp, tmp_path
     assert predicted_set(nlp3.pipe(texts)) == predicted_set(before)
 
 
+def test_doc_vector_pipeline_learns_and_round_trips(tmp_path):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": {"doc_vector": True}})
+    examples = make_examples(nlp)
+    losses = train_pipeline(nlp, examples, n_iter=40)
+    assert losses[-1] < 0.05 * losses[0]
+    texts = [text for text, _ in TRAIN_DATA]
+    assert predicted_set(nlp.pipe(texts)) == gold_set(nlp)
+    nlp.to_disk(tmp_path / "pipeline")
+    nlp2 = spacy.load(tmp_path / "pipeline")
+    head = nlp2.get_pipe("fsemicrf_ner").model.get_ref("head").shims[0]._model
+    assert head.scorer.featurizer.doc_proj is not None
+    assert predicted_set(nlp2.pipe(texts)) == gold_set(nlp)
+
+
 def test_uninitialized_pipeline_round_trip(tmp_path):
     nlp = spacy.blank("en")
     nlp.add_pipe("fsemicrf_ner")
@@ -294,6 +313,7 @@ def test_uninitialized_pipeline_round_trip(tmp_path):
     [
         ({"hidden_width": 64}, "hidden_width = 128"),
         ({"context_depth": 1}, "context_depth = 0"),
+        ({"doc_vector": True}, "doc_vector = False"),
         # the exact head has no local loss: its options go (None removes a key)
         (
             {"@architectures": "spacy-fsemicrf.SemiCRF.v1", "null_weight": None, "boundary_smoothing": None},

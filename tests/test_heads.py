@@ -82,18 +82,25 @@ def test_head_handles_empty_and_single_token_documents(name, context_depth):
 
 
 @pytest.mark.parametrize(
-    "span_repr,span_norm",
+    "span_repr,span_norm,doc_vector",
     [
-        ("sum_endpoints", False),
-        ("sum_endpoints_neighbors", False),
-        ("sum_endpoints_neighbors", True),
-        ("sum_endpoints_neighbors_max", False),
+        ("sum_endpoints", False, False),
+        ("sum_endpoints", False, True),
+        ("sum_endpoints_neighbors", False, False),
+        ("sum_endpoints_neighbors", True, False),
+        ("sum_endpoints_neighbors", False, True),
+        ("sum_endpoints_neighbors_max", False, False),
     ],
 )
-def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch, span_repr, span_norm):
+def test_filtered_head_predicts_long_documents_in_blocks(
+    monkeypatch, span_repr, span_norm, doc_vector
+):
+    """Blocks give the scores of the whole document: with ``doc_vector`` every block still
+    reads the mean of all the document's tokens."""
     torch.manual_seed(1)
     head = FilteredSemiCRFHead(
-        D, M, max_width=K, hidden_width=16, span_repr=span_repr, span_norm=span_norm
+        D, M, max_width=K, hidden_width=16, span_repr=span_repr, span_norm=span_norm,
+        doc_vector=doc_vector,
     ).eval()
     # Make the local classifier call many spans non-null so the graph is not trivial.
     with torch.no_grad():
@@ -110,20 +117,26 @@ def test_filtered_head_predicts_long_documents_in_blocks(monkeypatch, span_repr,
 
 
 @pytest.mark.parametrize(
-    "span_repr,span_norm",
+    "span_repr,span_norm,doc_vector",
     [
-        ("sum_endpoints_neighbors", False),
-        ("sum_endpoints_neighbors", True),
-        ("sum_endpoints_neighbors_max", False),
+        ("sum_endpoints", False, True),
+        ("sum_endpoints_neighbors", False, False),
+        ("sum_endpoints_neighbors", True, False),
+        ("sum_endpoints_neighbors", False, True),
+        ("sum_endpoints_neighbors_max", False, False),
     ],
 )
 @pytest.mark.parametrize("name", sorted(set(HEADS) - {"crf"}))
-def test_span_scores_ignore_padding_when_spans_read_their_neighbours(name, span_repr, span_norm):
+def test_span_scores_ignore_padding_when_spans_read_their_neighbours(
+    name, span_repr, span_norm, doc_vector
+):
     """A short document's scores do not depend on what pads it in a batch: with
-    ``sum_endpoints_neighbors`` its last spans read one token past the end."""
+    ``sum_endpoints_neighbors`` its last spans read one token past the end, and with
+    ``doc_vector`` every span reads the document's mean token vector."""
     torch.manual_seed(3)
     head = HEADS[name](
-        D, M, max_width=K, hidden_width=16, span_repr=span_repr, span_norm=span_norm
+        D, M, max_width=K, hidden_width=16, span_repr=span_repr, span_norm=span_norm,
+        doc_vector=doc_vector,
     ).eval()
     X = torch.randn(2, 15, D)
     lengths = torch.tensor([15, 9])

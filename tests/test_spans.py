@@ -8,6 +8,7 @@ from spacy_fsemicrf.structured.semiring import NEG, logsumexp
 from spacy_fsemicrf.structured.spans import (
     SPAN_REPRS,
     SpanFeaturizer,
+    document_mean,
     gold_label_grid,
     overlap_mask,
     span_mask,
@@ -73,17 +74,19 @@ def test_window_view_reads_ahead_with_zero_padding():
     assert view[0, :, :, 0].tolist() == [[1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 0], [5, 0, 0]]
 
 
+@pytest.mark.parametrize("doc_vector", [False, True])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("span_repr", SPAN_REPRS)
-def test_featurizer_equals_the_explicit_formula(span_repr, norm):
+def test_featurizer_equals_the_explicit_formula(span_repr, norm, doc_vector):
     torch.manual_seed(0)
     D, H, K, L = 5, 4, 3, 6
-    feat = SpanFeaturizer(D, H, K, span_repr, norm=norm).double()
+    feat = SpanFeaturizer(D, H, K, span_repr, norm=norm, doc_vector=doc_vector).double()
     if norm:  # trained values, not the identity the layer starts as
         torch.nn.init.normal_(feat.norm.weight)
         torch.nn.init.normal_(feat.norm.bias)
     x = torch.randn(2, L, D, dtype=torch.float64)
-    out = feat(x)
+    doc = torch.randn(2, D, dtype=torch.float64) if doc_vector else None
+    out = feat(x, doc)
     assert out.shape == (2, L, K, H)
     W, bias = feat.token_proj.weight, feat.token_proj.bias
     for b in range(2):
@@ -109,6 +112,8 @@ def test_featurizer_equals_the_explicit_formula(span_repr, norm):
                     proj = x[b, i : j + 1] @ W.T + bias
                     pre = {"sum": proj.sum(0), "mean": proj.mean(0), "max": proj.max(0).values}[span_repr]
                 pre = pre + feat.width_emb[w]
+                if doc_vector:  # the same document term on every span of document b
+                    pre = pre + feat.doc_proj.weight @ doc[b]
                 if norm:  # standardise over the H features, then scale and shift
                     var = pre.var(unbiased=False)
                     pre = (pre - pre.mean()) / torch.sqrt(var + feat.norm.eps)
@@ -130,6 +135,20 @@ def test_window_max_matches_brute_force(seed):
     for i in range(L):
         for w in range(K):
             assert torch.equal(got[:, i, w], padded[:, i : i + w + 1].max(1).values)
+
+
+def test_featurizer_needs_the_document_mean_exactly_when_it_has_doc_vector():
+    x = torch.randn(1, 4, 5)
+    with pytest.raises(ValueError, match="doc_vector"):
+        SpanFeaturizer(5, 4, 3, "sum", doc_vector=True)(x)
+    with pytest.raises(ValueError, match="doc_vector"):
+        SpanFeaturizer(5, 4, 3, "sum")(x, torch.zeros(1, 5))
+
+
+def test_document_mean_leaves_out_padding_and_empty_documents():
+    x = torch.arange(12, dtype=torch.float32).view(3, 2, 2)
+    got = document_mean(x, torch.tensor([2, 1, 0]))
+    assert got.tolist() == [[1.0, 2.0], [4.0, 5.0], [0.0, 0.0]]
 
 
 def test_featurizer_rejects_unknown_repr():

@@ -34,7 +34,14 @@ from .semicrf import (
     semicrf_viterbi,
 )
 from .semiring import masked_fill_neg
-from .spans import SpanFeaturizer, boundary_neighbors, gold_label_grid, span_mask, token_mask
+from .spans import (
+    SpanFeaturizer,
+    boundary_neighbors,
+    document_mean,
+    gold_label_grid,
+    span_mask,
+    token_mask,
+)
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
 HeadOutput = Union[torch.Tensor, Decoded]
@@ -52,7 +59,8 @@ def _empty_decoded(device: torch.device) -> Decoded:
 
 
 class _SpanScorer(nn.Module):
-    """Dropout, a :class:`SpanFeaturizer` (layer-normalised with ``span_norm``),
+    """Dropout, a :class:`SpanFeaturizer` (layer-normalised with ``span_norm``, with the
+    document's mean vector with ``doc_vector``),
     ``hidden_depth - 1`` more hidden layers over each span, and a linear output layer:
     ``[B, L, D] -> [B, L, K, n_out]``."""
 
@@ -66,6 +74,7 @@ class _SpanScorer(nn.Module):
         dropout: float,
         hidden_depth: int = 1,
         span_norm: bool = False,
+        doc_vector: bool = False,
     ) -> None:
         super().__init__()
         if hidden_depth < 1:
@@ -73,7 +82,7 @@ class _SpanScorer(nn.Module):
         self.max_width = max_width
         self.dropout = nn.Dropout(dropout)
         self.featurizer = SpanFeaturizer(
-            input_width, hidden_width, max_width, span_repr, norm=span_norm
+            input_width, hidden_width, max_width, span_repr, norm=span_norm, doc_vector=doc_vector
         )
         self.hidden = nn.ModuleList(
             nn.Linear(hidden_width, hidden_width) for _ in range(hidden_depth - 1)
@@ -84,23 +93,25 @@ class _SpanScorer(nn.Module):
         reach = self.featurizer.reach
         if reach:  # spans read their neighbours: padding must add nothing
             X = X * token_mask(lengths.to(X.device), X.shape[1]).unsqueeze(-1).to(X.dtype)
+        # the whole document's mean, before any blocking
+        doc = document_mean(X, lengths) if self.featurizer.doc_proj is not None else None
         if torch.is_grad_enabled() or X.shape[1] <= PREDICT_BLOCK:
-            return self._score(X)
+            return self._score(X, doc)
         # Spans starting in a block read at most K - 1 + reach tokens past it, and reach before.
         K, L = self.max_width, X.shape[1]
         blocks = []
         for a in range(0, L, PREDICT_BLOCK):
             b = min(a + PREDICT_BLOCK, L)
             lo = max(a - reach, 0)
-            blocks.append(self._score(X[:, lo : b + K - 1 + reach])[:, a - lo : b - lo])
+            blocks.append(self._score(X[:, lo : b + K - 1 + reach], doc)[:, a - lo : b - lo])
         return torch.cat(blocks, dim=1)
 
-    def _score(self, X: torch.Tensor) -> torch.Tensor:
+    def _score(self, X: torch.Tensor, doc: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Scores laid out label-major in memory (a ``[B, L, K, n_out]`` view of an
         ``[n_out, B, L, K]`` tensor): reductions over the labels, such as the filter's argmax,
         then read contiguous planes, which is about ten times faster on CPU than reducing
         across a short innermost axis. The matmul costs the same either way."""
-        hidden = self.featurizer(self.dropout(X))
+        hidden = self.featurizer(self.dropout(X), doc)
         for layer in self.hidden:
             hidden = layer(hidden).relu_()
         B, L, K, H = hidden.shape
@@ -143,6 +154,7 @@ class FilteredSemiCRFHead(nn.Module):
         context_depth: int = 0,
         span_norm: bool = False,
         boundary_smoothing: float = 0.0,
+        doc_vector: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 < null_weight <= 1.0:
@@ -159,7 +171,7 @@ class FilteredSemiCRFHead(nn.Module):
         # representation, as in the paper.
         self.scorer = _SpanScorer(
             self.context.output_width, 2 * C, max_width, hidden_width, span_repr, dropout,
-            hidden_depth, span_norm,
+            hidden_depth, span_norm, doc_vector,
         )
         self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
 
@@ -261,6 +273,7 @@ class SemiCRFHead(nn.Module):
         hidden_depth: int = 1,
         context_depth: int = 0,
         span_norm: bool = False,
+        doc_vector: bool = False,
     ) -> None:
         super().__init__()
         self.n_labels = n_labels
@@ -269,7 +282,7 @@ class SemiCRFHead(nn.Module):
         self.context = TokenContext(input_width, context_depth)
         self.scorer = _SpanScorer(
             self.context.output_width, C, max_width, hidden_width, span_repr, dropout,
-            hidden_depth, span_norm,
+            hidden_depth, span_norm, doc_vector,
         )
         self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
 

@@ -140,6 +140,13 @@ def overlap_mask(span_set: torch.Tensor) -> torch.Tensor:
     return inside > 0
 
 
+def document_mean(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``[B, L, D] -> [B, D]``: the mean of each document's token vectors (padding left out;
+    zero for an empty document)."""
+    mask = token_mask(lengths.to(x.device), x.shape[1]).unsqueeze(-1).to(x.dtype)
+    return (x * mask).sum(1) / lengths.to(x.device).clamp_min(1).unsqueeze(-1).to(x.dtype)
+
+
 def window_view(x: torch.Tensor, max_width: int) -> torch.Tensor:
     """``[B, L, D] -> [B, L, K, D]`` where entry ``(b, i, w)`` is ``x[b, i + w]`` (zero past L).
 
@@ -189,6 +196,13 @@ class SpanFeaturizer(nn.Module):
     (elementwise), the max pooling that spaCy's ``spancat`` reducer also uses: a sum cannot tell
     one strongly typed token from several weak ones.
 
+    With ``doc_vector``, ``V mean_t h_t``, a projection of the mean of the document's token
+    vectors (:func:`document_mean`), is added to every span of that document: what a document
+    is about (a football results table, a market report) often decides whether a city name is
+    a LOC or an ORG, and lies beyond the few tokens a CNN tok2vec sees. Callers pass the mean
+    (``forward(x, doc=...)``), so that a document featurized in blocks still gets the mean of
+    all its tokens. It folds into the width embedding's add: no extra pass over the grid.
+
     With ``norm``, a layer normalisation over the ``H`` features comes before the ReLU, as in the
     Maxout layer of ``spancat``'s reducer: a sum over a span grows with its width, and the
     normalisation puts spans of every width on one scale.
@@ -205,6 +219,7 @@ class SpanFeaturizer(nn.Module):
         max_width: int,
         span_repr: str = "sum",
         norm: bool = False,
+        doc_vector: bool = False,
     ) -> None:
         super().__init__()
         if span_repr not in SPAN_REPRS:
@@ -224,8 +239,13 @@ class SpanFeaturizer(nn.Module):
         self.width_emb = nn.Parameter(torch.zeros(max_width, hidden_width))
         nn.init.normal_(self.width_emb, std=0.02)
         self.norm = nn.LayerNorm(hidden_width) if norm else None
+        self.doc_proj = nn.Linear(input_width, hidden_width, bias=False) if doc_vector else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, doc: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x [B, L, D]`` (zeroed past each document's length if ``reach``) and, with
+        ``doc_vector``, ``doc [B, D]``, the mean token vector of each document."""
+        if (doc is None) != (self.doc_proj is None):
+            raise ValueError("doc must be given exactly when the featurizer has doc_vector")
         proj = self.token_proj(x)
         K, L = self.max_width, x.shape[1]
         if self.span_repr == "endpoints":
@@ -255,7 +275,10 @@ class SpanFeaturizer(nn.Module):
                 pooled.add_(window_max(peak, K))
         else:
             pooled = window_max(proj, K)
-        pooled.add_(self.width_emb)
+        bias = self.width_emb  # [K, H], or [B, 1, K, H] with the document term
+        if self.doc_proj is not None:
+            bias = bias + self.doc_proj(doc)[:, None, None, :]
+        pooled.add_(bias)
         if self.norm is not None:
             pooled = self.norm(pooled)
         return pooled.relu_()
