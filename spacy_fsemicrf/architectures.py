@@ -13,7 +13,9 @@ Each architecture builds ``Model[Tuple[List[Doc], Optional[Ints2d]], ...]``:
 The number of labels is the model's ``nO`` dimension, set by the component before
 ``initialize``; the PyTorch head is built at ``initialize`` (see :mod:`.torch_bridge`).
 """
-from typing import Any, Dict, List, Optional, Tuple
+import functools
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy
 from spacy.tokens import Doc
@@ -24,6 +26,7 @@ from thinc.types import Floats2d
 from .torch_bridge import build_head, get_head_class, is_initialized, make_head_model
 
 FILTERED_SEMICRF = "spacy-fsemicrf.FilteredSemiCRF.v1"
+FILTERED_SEMICRF_V2 = "spacy-fsemicrf.FilteredSemiCRF.v2"
 SEMICRF = "spacy-fsemicrf.SemiCRF.v1"
 LINEAR_CRF = "spacy-fsemicrf.LinearCRF.v1"
 
@@ -88,6 +91,36 @@ def build_filtered_semicrf(
     )
 
 
+def with_defaults(fn: Callable[..., Model], **defaults: Any) -> Callable[..., Model]:
+    """``fn`` with other defaults for some of its keyword arguments, in its signature too (the
+    config system fills and validates from the signature)."""
+    sig = inspect.signature(fn)
+    new_sig = sig.replace(parameters=[
+        p.replace(default=defaults[p.name]) if p.name in defaults else p
+        for p in sig.parameters.values()
+    ])
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Model:
+        bound = new_sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return fn(*bound.args, **bound.kwargs)
+
+    wrapper.__signature__ = new_sig  # type: ignore[attr-defined]
+    return wrapper
+
+
+# v2 is v1 with doc_vector on by default. A new version, not a new default for v1: spaCy fills a
+# saved pipeline's config from its factory's defaults only when the architecture names match,
+# so pipelines saved with v1 (whose configs predate doc_vector) keep loading as they were trained.
+build_filtered_semicrf_v2 = registry.architectures(FILTERED_SEMICRF_V2)(
+    with_defaults(build_filtered_semicrf, doc_vector=True)
+)
+build_filtered_semicrf_v2.__doc__ = (
+    "Filtered Semi-Markov CRF, as ``FilteredSemiCRF.v1`` with ``doc_vector = True`` by default."
+)
+
+
 @registry.architectures(SEMICRF)
 def build_semicrf(
     tok2vec: Model[List[Doc], List[Floats2d]],
@@ -104,7 +137,7 @@ def build_semicrf(
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
     """Exact Semi-Markov CRF baseline (every segmentation into segments of width 1..K); the
-    span scorer takes the settings of ``FilteredSemiCRF.v1``."""
+    span scorer takes the settings of ``FilteredSemiCRF.v2``."""
     kwargs = dict(
         max_width=max_width,
         hidden_width=hidden_width,

@@ -31,7 +31,7 @@ DEFAULT_SPANS_KEY = "fsemicrf"
 
 default_model_config = """
 [model]
-@architectures = "spacy-fsemicrf.FilteredSemiCRF.v1"
+@architectures = "spacy-fsemicrf.FilteredSemiCRF.v2"
 max_width = 10
 hidden_width = 128
 span_repr = "sum_endpoints_neighbors"
@@ -42,7 +42,7 @@ hidden_depth = 1
 context_depth = 0
 span_norm = false
 boundary_smoothing = 0.0
-doc_vector = false
+doc_vector = true
 mixed_precision = false
 grad_scaler = null
 
@@ -157,7 +157,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if margin and self.model.attrs.get("arch") != "FilteredSemiCRF":
             raise ValueError(
                 f"filter_margin={margin} needs the filtered semi-CRF head "
-                f"(spacy-fsemicrf.FilteredSemiCRF.v1): the {self.model.attrs.get('arch')} head "
+                f"(spacy-fsemicrf.FilteredSemiCRF.v1 or .v2): the {self.model.attrs.get('arch')} head "
                 f"does not filter spans. Leave it at 0."
             )
         self._filter_margin = float(margin)

@@ -6,7 +6,7 @@ import pytest
 import spacy
 from spacy.util import registry
 
-from spacy_fsemicrf.architectures import FILTERED_SEMICRF, LINEAR_CRF, SEMICRF
+from spacy_fsemicrf.architectures import FILTERED_SEMICRF, FILTERED_SEMICRF_V2, LINEAR_CRF, SEMICRF
 from spacy_fsemicrf.torch_bridge import length_groups
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
@@ -175,13 +175,14 @@ def test_mixed_precision_config_runs_in_float32_on_cpu(caplog):
 @pytest.mark.parametrize("config_file", ["configs/fsemicrf_cnn.cfg", "configs/fsemicrf_trf.cfg"])
 def test_head_defaults_agree_everywhere(config_file):
     """The head settings of the shipped configs, the component's default model, the registered
-    architecture and the PyTorch head have the same defaults (changing one means all)."""
+    architecture and the PyTorch head have the same defaults (changing one means all), except
+    ``doc_vector``: on in ``FilteredSemiCRF.v2`` and off in the head, as in v1."""
     import inspect
     from pathlib import Path
 
     from thinc.api import Config
 
-    from spacy_fsemicrf.architectures import build_filtered_semicrf
+    from spacy_fsemicrf.architectures import build_filtered_semicrf_v2
     from spacy_fsemicrf.component import DEFAULT_MODEL
     from spacy_fsemicrf.structured import FilteredSemiCRFHead
 
@@ -198,9 +199,31 @@ def test_head_defaults_agree_everywhere(config_file):
 
     component = head_settings(DEFAULT_MODEL)
     assert head_settings(shipped) == component
-    assert {k: v for k, v in signature_defaults(build_filtered_semicrf).items() if k in component} == component
-    head = signature_defaults(FilteredSemiCRFHead.__init__)
+    assert shipped["@architectures"] == DEFAULT_MODEL["@architectures"] == FILTERED_SEMICRF_V2
+    assert {k: v for k, v in signature_defaults(build_filtered_semicrf_v2).items() if k in component} == component
+    head = {**signature_defaults(FilteredSemiCRFHead.__init__), "doc_vector": True}
     assert {k: component[k] for k in head if k in component} == {k: v for k, v in head.items() if k in component}
+
+
+def test_filtered_semicrf_v2_is_v1_with_doc_vector_on():
+    import inspect
+
+    v1 = registry.architectures.get(FILTERED_SEMICRF)
+    v2 = registry.architectures.get(FILTERED_SEMICRF_V2)
+    p1, p2 = inspect.signature(v1).parameters, inspect.signature(v2).parameters
+    assert list(p1) == list(p2)
+    assert {k for k in p1 if p1[k].default != p2[k].default} == {"doc_vector"}
+    assert p1["doc_vector"].default is False and p2["doc_vector"].default is True
+    # and it builds what it says, positional or keyword
+    from spacy.ml.models import build_hash_embed_cnn_tok2vec
+
+    tok2vec = build_hash_embed_cnn_tok2vec(
+        width=8, depth=1, embed_size=50, window_size=1, maxout_pieces=2, subword_features=False,
+        pretrained_vectors=None,
+    )
+    model = v2(tok2vec, 3, hidden_width=16)
+    assert model.get_ref("head").attrs["head_kwargs"]["doc_vector"] is True
+    assert model.get_ref("head").attrs["head_kwargs"]["max_width"] == 3
 
 
 def test_a_head_saved_before_an_option_existed_loads_with_its_default():
@@ -213,7 +236,8 @@ def test_a_head_saved_before_an_option_existed_loads_with_its_default():
     kwargs = {**head_defaults("FilteredSemiCRF"), "max_width": 3, "hidden_width": 8}
     head = _instantiate("FilteredSemiCRF", kwargs, 6, 2)
     msg = srsly.msgpack_loads(serialize_head(head))
-    del msg["kwargs"]["context_depth"]
+    for key in ("context_depth", "doc_vector"):
+        del msg["kwargs"][key]
     spec = {"arch": "FilteredSemiCRF", "kwargs": kwargs}
     loaded = deserialize_head(spec, None, srsly.msgpack_dumps(msg), torch.device("cpu"))
     for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):

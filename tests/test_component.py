@@ -30,7 +30,8 @@ def test_add_pipe_with_defaults():
     assert ner.spans_key == "fsemicrf"
     assert ner.max_width == 10
     cfg = nlp.config["components"]["fsemicrf_ner"]
-    assert cfg["model"]["@architectures"] == "spacy-fsemicrf.FilteredSemiCRF.v1"
+    assert cfg["model"]["@architectures"] == "spacy-fsemicrf.FilteredSemiCRF.v2"
+    assert cfg["model"]["doc_vector"] is True
     assert cfg["model"]["tok2vec"]["@architectures"] == "spacy.HashEmbedCNN.v2"
     assert cfg["scorer"]["@scorers"] == "spacy-fsemicrf.ner_scorer.v1"
 
@@ -285,18 +286,25 @@ def test_to_disk_and_spacy_load_give_identical_predictions(trained_nlp, tmp_path
     assert predicted_set(nlp3.pipe(texts)) == predicted_set(before)
 
 
-def test_doc_vector_pipeline_learns_and_round_trips(tmp_path):
+def test_a_pipeline_saved_before_doc_vector_existed_still_loads(tmp_path):
+    """Pipelines saved before stop 17 name ``FilteredSemiCRF.v1`` and have no ``doc_vector`` in
+    their config: they load as trained, without it, although the component's default (v2) has
+    it on."""
     nlp = spacy.blank("en")
-    nlp.add_pipe("fsemicrf_ner", config={"model": {"doc_vector": True}})
-    examples = make_examples(nlp)
-    losses = train_pipeline(nlp, examples, n_iter=40)
+    nlp.add_pipe("fsemicrf_ner", config={"model": {"doc_vector": False}})
+    losses = train_pipeline(nlp, make_examples(nlp), n_iter=40)
     assert losses[-1] < 0.05 * losses[0]
     texts = [text for text, _ in TRAIN_DATA]
     assert predicted_set(nlp.pipe(texts)) == gold_set(nlp)
     nlp.to_disk(tmp_path / "pipeline")
+    config_path = tmp_path / "pipeline" / "config.cfg"
+    lines = config_path.read_text().splitlines(keepends=True)
+    assert "doc_vector = false\n" in lines
+    old = "".join(line for line in lines if not line.startswith("doc_vector"))
+    config_path.write_text(old.replace("FilteredSemiCRF.v2", "FilteredSemiCRF.v1"))
     nlp2 = spacy.load(tmp_path / "pipeline")
     head = nlp2.get_pipe("fsemicrf_ner").model.get_ref("head").shims[0]._model
-    assert head.scorer.featurizer.doc_proj is not None
+    assert head.scorer.featurizer.doc_proj is None
     assert predicted_set(nlp2.pipe(texts)) == gold_set(nlp)
 
 
@@ -313,7 +321,7 @@ def test_uninitialized_pipeline_round_trip(tmp_path):
     [
         ({"hidden_width": 64}, "hidden_width = 128"),
         ({"context_depth": 1}, "context_depth = 0"),
-        ({"doc_vector": True}, "doc_vector = False"),
+        ({"doc_vector": False}, "doc_vector = True"),
         # the exact head has no local loss: its options go (None removes a key)
         (
             {"@architectures": "spacy-fsemicrf.SemiCRF.v1", "null_weight": None, "boundary_smoothing": None},
