@@ -137,7 +137,8 @@ def build_semicrf(
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
     """Exact Semi-Markov CRF baseline (every segmentation into segments of width 1..K); the
-    span scorer takes the settings of ``FilteredSemiCRF.v2``."""
+    span scorer takes the settings of ``FilteredSemiCRF.v1`` (``doc_vector`` is off by default
+    here too; ``configs/semicrf_cnn.cfg`` turns it on, as ``FilteredSemiCRF.v2`` does)."""
     kwargs = dict(
         max_width=max_width,
         hidden_width=hidden_width,
