@@ -13,9 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterable, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchmark import load_docs, make_inputs  # noqa: E402
 
 KINDS = ("tp", "fp_type", "fp_boundary", "fp_spurious", "fn_type", "fn_boundary", "fn_missed")
 Entities = Dict[Tuple[int, int], str]
@@ -53,14 +58,11 @@ def classify(gold: Entities, pred: Entities) -> Counter:
 def model_errors(model: Path, corpus: Path) -> Counter:
     """Error counts of the pipeline at ``model`` on the gold tokens of ``corpus``."""
     import spacy
-    from spacy.tokens import Doc, DocBin
 
     nlp = spacy.load(model)
-    golds = list(DocBin().from_disk(corpus).get_docs(nlp.vocab))
-    inputs = [Doc(nlp.vocab, words=[t.text for t in d], spaces=[bool(t.whitespace_) for t in d])
-              for d in golds]
+    golds = load_docs(corpus, None)
     total: Counter = Counter({kind: 0 for kind in KINDS})
-    for gold, pred in zip(golds, nlp.pipe(inputs)):
+    for gold, pred in zip(golds, nlp.pipe(make_inputs(nlp, golds, raw_text=False))):
         total.update(classify({(e.start, e.end): e.label_ for e in gold.ents},
                               {(e.start, e.end): e.label_ for e in pred.ents}))
     return total
