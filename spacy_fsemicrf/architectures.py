@@ -45,6 +45,7 @@ def build_filtered_semicrf(
     span_norm: bool = False,
     boundary_smoothing: float = 0.0,
     doc_vector: bool = False,
+    word_pool: bool = False,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -69,6 +70,8 @@ def build_filtered_semicrf(
         none.
     doc_vector (bool): add a projection of the document's mean token vector to every span, so
         that what the document is about can weigh on the label.
+    word_pool (bool): add to each token a projection of the mean vector of the tokens of its
+        document with the same lower-case form, so that the mentions of a name share evidence.
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -84,6 +87,7 @@ def build_filtered_semicrf(
         span_norm=span_norm,
         boundary_smoothing=boundary_smoothing,
         doc_vector=doc_vector,
+        word_pool=word_pool,
     )
     return build_structured_model(
         "FilteredSemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,
@@ -133,6 +137,7 @@ def build_semicrf(
     context_depth: int = 0,
     span_norm: bool = False,
     doc_vector: bool = False,
+    word_pool: bool = False,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
@@ -149,6 +154,7 @@ def build_semicrf(
         context_depth=context_depth,
         span_norm=span_norm,
         doc_vector=doc_vector,
+        word_pool=word_pool,
     )
     return build_structured_model(
         "SemiCRF", tok2vec, kwargs, max_width=max_width, span_head=True,
@@ -202,7 +208,8 @@ def build_structured_model(
         layers=[tok2vec, head],
         refs={"tok2vec": tok2vec, "head": head},
         dims={"nO": None},
-        attrs={"arch": arch, "max_width": int(max_width), "span_head": bool(span_head)},
+        attrs={"arch": arch, "max_width": int(max_width), "span_head": bool(span_head),
+               "word_pool": bool(head_kwargs.get("word_pool", False))},
     )
 
 
@@ -236,12 +243,24 @@ def forward(model: Model, X, is_train: bool):
             return empty, lambda dY: []
         return 0.0, lambda dY: []
     Xs, backprop_tok2vec = tok2vec(docs, is_train)
-    Y, backprop_head = head((Xs, gold, mask), is_train)
+    words = word_ids(docs) if model.attrs.get("word_pool") else None
+    Y, backprop_head = head((Xs, gold, mask, words), is_train)
 
     def backprop(dY):
         return backprop_tok2vec(backprop_head(dY))
 
     return Y, backprop
+
+
+def word_ids(docs: List[Doc]) -> List[numpy.ndarray]:
+    """The tokens' lower-case forms as small int ids (one int64 array per doc; equal ids are
+    equal forms within the batch), for the heads' ``word_pool``."""
+    hashes = [doc.to_array("LOWER").astype("uint64").reshape(-1) for doc in docs]
+    if not hashes:
+        return []
+    _, ids = numpy.unique(numpy.concatenate(hashes), return_inverse=True)
+    ids = ids.astype("int64").reshape(-1)
+    return numpy.split(ids, numpy.cumsum([len(h) for h in hashes])[:-1])
 
 
 def init(model: Model, X=None, Y=None) -> None:

@@ -43,6 +43,7 @@ context_depth = 0
 span_norm = false
 boundary_smoothing = 0.0
 doc_vector = true
+word_pool = false
 mixed_precision = false
 grad_scaler = null
 

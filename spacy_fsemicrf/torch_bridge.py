@@ -4,8 +4,9 @@ A head is a ``torch.nn.Module`` whose ``forward(X [B, L, D], lengths [B], gold=N
 training loss (``gold`` given) or the decoded ``(spans [N, 4], confidences [N])``. This module
 wraps it in a Thinc ``Model`` that holds a :class:`thinc.api.PyTorchShim`:
 
-* the input is ``(Xs, gold, mask)`` where ``Xs`` is the ``List[Floats2d]`` of token vectors
-  from the ``tok2vec`` layer; the vectors are copied once into a zero-padded ``[B, L, D]`` array
+* the input is ``(Xs, gold, mask)`` or ``(Xs, gold, mask, words)`` where ``Xs`` is the
+  ``List[Floats2d]`` of token vectors from the ``tok2vec`` layer and ``words`` the word ids of
+  the tokens (one ``Ints1d`` per document), for a head with ``word_pool``; the vectors are copied once into a zero-padded ``[B, L, D]`` array
   that is handed to PyTorch without another copy (``xp2torch``: DLPack on GPU, shared memory on
   CPU), and the gradient comes back as views of the padded gradient, one ``[n_i, D]`` block per
   document;
@@ -239,15 +240,17 @@ def deserialize_head(
 
 
 def head_forward(model: Model, inputs, is_train: bool):
-    """``inputs = (Xs, gold, mask)``.
+    """``inputs = (Xs, gold, mask)`` or ``(Xs, gold, mask, words)``.
 
     gold ``None``: returns ``(spans int64[N, 4], confidences float32[N])`` as numpy arrays (rows
     ``doc, start, end_inclusive, label 1..M`` sorted by doc and start).
     gold an int array ``[G, 4]``: returns the summed loss as a float; its backprop takes
     ``d_loss`` and returns the ``List[Floats2d]`` gradient of ``Xs``.
     ``mask`` (optional bool ``[B]``): documents with ``False`` are left out of the loss.
+    ``words`` (optional, one int array per document): word ids, passed on as ``words [B, L]``.
     """
-    Xs, gold, mask = inputs
+    Xs, gold, mask = inputs[:3]
+    words = inputs[3] if len(inputs) > 3 else None
     if not is_initialized(model):
         raise ValueError(
             "The fsemicrf_ner model has not been initialized: call nlp.initialize() "
@@ -257,10 +260,10 @@ def head_forward(model: Model, inputs, is_train: bool):
     if gold is None:
         if is_train:
             raise ValueError("Training the fsemicrf_ner model needs gold spans.")
-        return _predict(model, Xs, lengths), _no_backprop
+        return _predict(model, Xs, lengths, words), _no_backprop
     if mask is not None:
         lengths = numpy.where(numpy.asarray(mask, dtype=bool), lengths, 0)
-    return _loss(model, Xs, lengths, gold, is_train)
+    return _loss(model, Xs, lengths, gold, is_train, words)
 
 
 def _no_backprop(dY):
@@ -284,13 +287,25 @@ def _pad(model: Model, Xs: Sequence[Floats2d], lengths: numpy.ndarray):
     return padded
 
 
-def _to_torch_args(model, Xs, lengths, gold, is_train):
+def _pad_words(words: Sequence, lengths: numpy.ndarray, max_len: int) -> numpy.ndarray:
+    """The word ids in a ``[B, max_len]`` int64 array (0 at padding, which no head reads)."""
+    padded = numpy.zeros((len(words), max_len), dtype="int64")
+    for i, w in enumerate(words):
+        n = int(lengths[i])
+        if n:
+            padded[i, :n] = numpy.asarray(w[:n], dtype="int64")
+    return padded
+
+
+def _to_torch_args(model, Xs, lengths, gold, is_train, words=None):
     shim: PyTorchShim = model.shims[0]
     device = shim.device
     padded = _pad(model, Xs, lengths)
     Xt = xp2torch(padded, requires_grad=is_train, device=device)
     lengths_t = torch.as_tensor(lengths, dtype=torch.long).to(device)
     kwargs = {}
+    if words is not None:
+        kwargs["words"] = torch.as_tensor(_pad_words(words, lengths, padded.shape[1])).to(device)
     if gold is not None:
         gold_np = gold if isinstance(gold, numpy.ndarray) else model.ops.to_numpy(gold)
         gold_np = numpy.asarray(gold_np, dtype="int64").reshape(-1, 4)
@@ -300,7 +315,7 @@ def _to_torch_args(model, Xs, lengths, gold, is_train):
     return ArgsKwargs(args=(Xt, lengths_t), kwargs=kwargs)
 
 
-def _loss(model: Model, Xs, lengths, gold, is_train: bool):
+def _loss(model: Model, Xs, lengths, gold, is_train: bool, words=None):
     ops = model.ops
     if len(Xs) == 0 or int(lengths.sum()) == 0:
         # Nothing to score (empty batch, empty documents): zero loss, zero gradient.
@@ -308,7 +323,7 @@ def _loss(model: Model, Xs, lengths, gold, is_train: bool):
             return [ops.alloc2f(*x.shape) for x in Xs]
 
         return 0.0, backprop_empty
-    args = _to_torch_args(model, Xs, lengths, gold, is_train)
+    args = _to_torch_args(model, Xs, lengths, gold, is_train, words)
     shim: PyTorchShim = model.shims[0]
     loss_t, torch_backprop = shim(args, is_train)
     # Shape [1], not []: Thinc's gradient scaler (mixed precision) multiplies the gradient in
@@ -365,12 +380,14 @@ def length_groups(
     return [numpy.asarray(g, dtype="int64") for g in groups]
 
 
-def _predict(model: Model, Xs, lengths) -> Tuple[numpy.ndarray, numpy.ndarray]:
+def _predict(model: Model, Xs, lengths, words=None) -> Tuple[numpy.ndarray, numpy.ndarray]:
     shim: PyTorchShim = model.shims[0]
     all_spans = []
     all_confs = []
     for group in length_groups(lengths, int(model.attrs["max_padded_tokens"])):
-        args = _to_torch_args(model, [Xs[i] for i in group], lengths[group], None, False)
+        group_words = None if words is None else [words[i] for i in group]
+        args = _to_torch_args(model, [Xs[i] for i in group], lengths[group], None, False,
+                              group_words)
         spans_t, confs_t = shim.predict(args)
         spans = spans_t.detach().to("cpu", torch.long).numpy()
         confs = confs_t.detach().to("cpu", torch.float32).numpy()

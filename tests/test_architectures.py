@@ -245,3 +245,19 @@ def test_a_head_saved_before_an_option_existed_loads_with_its_default():
     with pytest.raises(ValueError, match="context_depth = 0"):
         deserialize_head({**spec, "kwargs": {**kwargs, "context_depth": 1}}, None,
                          srsly.msgpack_dumps(msg), torch.device("cpu"))
+
+
+def test_word_ids_match_lower_case_forms_across_the_batch():
+    import spacy
+    from spacy.tokens import Doc
+
+    from spacy_fsemicrf.architectures import word_ids
+
+    vocab = spacy.blank("en").vocab
+    docs = [Doc(vocab, words=["Leeds", "beat", "LEEDS"]), Doc(vocab, words=[]),
+            Doc(vocab, words=["leeds", "lost"])]
+    ids = word_ids(docs)
+    assert [len(i) for i in ids] == [3, 0, 2]
+    assert ids[0][0] == ids[0][2] == ids[2][0]
+    assert len({int(ids[0][0]), int(ids[0][1]), int(ids[2][1])}) == 3
+    assert word_ids([]) == []

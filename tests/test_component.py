@@ -286,6 +286,31 @@ def test_to_disk_and_spacy_load_give_identical_predictions(trained_nlp, tmp_path
     assert predicted_set(nlp3.pipe(texts)) == predicted_set(before)
 
 
+@pytest.mark.parametrize("arch", ["spacy-fsemicrf.FilteredSemiCRF.v1", "spacy-fsemicrf.SemiCRF.v1"])
+def test_word_pool_trains_saves_and_predicts_each_doc_as_alone(arch, tmp_path):
+    """With ``word_pool`` the word ids are made per batch; a document's entities do not depend
+    on the batch it comes in, and survive a save and load."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": model_config(arch, word_pool=True)})
+    examples = make_examples(nlp)
+    losses = train_pipeline(nlp, examples, n_iter=40)
+    assert losses[-1] < 0.1 * losses[0]
+    texts = [text for text, _ in TRAIN_DATA]
+    batched = list(nlp.pipe(texts, batch_size=len(texts)))
+    assert predicted_set(batched) == gold_set(nlp)
+    for text, doc in zip(texts, batched):
+        alone = nlp(text)
+        assert [(e.start, e.end, e.label_) for e in alone.ents] == [
+            (e.start, e.end, e.label_) for e in doc.ents
+        ]
+        numpy.testing.assert_allclose(
+            alone.spans["fsemicrf"].attrs["scores"], doc.spans["fsemicrf"].attrs["scores"],
+            rtol=1e-4,
+        )
+    nlp.to_disk(tmp_path / "pipeline")
+    assert predicted_set(spacy.load(tmp_path / "pipeline").pipe(texts)) == predicted_set(batched)
+
+
 def test_a_pipeline_saved_before_doc_vector_existed_still_loads(tmp_path):
     """Pipelines saved before stop 17 name ``FilteredSemiCRF.v1`` and have no ``doc_vector`` in
     their config: they load as trained, without it, although the component's default (v2) has

@@ -81,68 +81,66 @@ def test_head_handles_empty_and_single_token_documents(name, context_depth):
     assert empty_spans.shape == (0, 4) and empty_conf.shape == (0,)
 
 
-@pytest.mark.parametrize(
-    "span_repr,span_norm,doc_vector",
-    [
-        ("sum_endpoints", False, False),
-        ("sum_endpoints", False, True),
-        ("sum_endpoints_neighbors", False, False),
-        ("sum_endpoints_neighbors", True, False),
-        ("sum_endpoints_neighbors", False, True),
-        ("sum_endpoints_neighbors_max", False, False),
-    ],
-)
+# span scorer settings whose features read beyond a span: neighbours, the document, its words
+SCORER_SETTINGS = [
+    ("sum_endpoints", False, False, False),
+    ("sum_endpoints", False, True, False),
+    ("sum_endpoints_neighbors", False, False, False),
+    ("sum_endpoints_neighbors", True, False, False),
+    ("sum_endpoints_neighbors", False, True, False),
+    ("sum_endpoints_neighbors", False, True, True),
+    ("sum_endpoints_neighbors_max", False, False, False),
+]
+
+
+@pytest.mark.parametrize("span_repr,span_norm,doc_vector,word_pool", SCORER_SETTINGS)
 def test_filtered_head_predicts_long_documents_in_blocks(
-    monkeypatch, span_repr, span_norm, doc_vector
+    monkeypatch, span_repr, span_norm, doc_vector, word_pool
 ):
     """Blocks give the scores of the whole document: with ``doc_vector`` every block still
-    reads the mean of all the document's tokens."""
+    reads the mean of all the document's tokens, and with ``word_pool`` every mention pools
+    the mentions of its word in the whole document."""
     torch.manual_seed(1)
     head = FilteredSemiCRFHead(
         D, M, max_width=K, hidden_width=16, span_repr=span_repr, span_norm=span_norm,
-        doc_vector=doc_vector,
+        doc_vector=doc_vector, word_pool=word_pool,
     ).eval()
     # Make the local classifier call many spans non-null so the graph is not trivial.
     with torch.no_grad():
         head.scorer.output.bias[: M + 1] = torch.tensor([0.0] + [0.3] * M)
     X = torch.randn(2, 300, D)
     lengths = torch.tensor([300, 171])
+    words = torch.randint(0, 20, (2, 300))
     with torch.no_grad():
-        whole = head(X, lengths)
+        whole = head(X, lengths, words=words)
         monkeypatch.setattr(heads_module, "PREDICT_BLOCK", 64)
-        blocked = head(X, lengths)
+        blocked = head(X, lengths, words=words)
     assert torch.equal(whole[0], blocked[0])
     # float32 prefix sums taken from different origins round differently
     assert torch.allclose(whole[1], blocked[1], atol=1e-4)
 
 
-@pytest.mark.parametrize(
-    "span_repr,span_norm,doc_vector",
-    [
-        ("sum_endpoints", False, True),
-        ("sum_endpoints_neighbors", False, False),
-        ("sum_endpoints_neighbors", True, False),
-        ("sum_endpoints_neighbors", False, True),
-        ("sum_endpoints_neighbors_max", False, False),
-    ],
-)
+@pytest.mark.parametrize("span_repr,span_norm,doc_vector,word_pool", SCORER_SETTINGS)
 @pytest.mark.parametrize("name", sorted(set(HEADS) - {"crf"}))
 def test_span_scores_ignore_padding_when_spans_read_their_neighbours(
-    name, span_repr, span_norm, doc_vector
+    name, span_repr, span_norm, doc_vector, word_pool
 ):
-    """A short document's scores do not depend on what pads it in a batch: with
-    ``sum_endpoints_neighbors`` its last spans read one token past the end, and with
-    ``doc_vector`` every span reads the document's mean token vector."""
+    """A short document's scores do not depend on what pads it in a batch or on the other
+    documents: with ``sum_endpoints_neighbors`` its last spans read one token past the end,
+    with ``doc_vector`` every span reads the document's mean token vector, and with
+    ``word_pool`` each token pools the tokens of its word (the same ids occur in both
+    documents and in the padding)."""
     torch.manual_seed(3)
     head = HEADS[name](
         D, M, max_width=K, hidden_width=16, span_repr=span_repr, span_norm=span_norm,
-        doc_vector=doc_vector,
+        doc_vector=doc_vector, word_pool=word_pool,
     ).eval()
     X = torch.randn(2, 15, D)
     lengths = torch.tensor([15, 9])
+    words = torch.randint(0, 4, (2, 15))
     with torch.no_grad():
-        alone = head.span_scores(X[1:, :9], lengths[1:])
-        batched = head.span_scores(X, lengths)
+        alone = head.span_scores(X[1:, :9], lengths[1:], words[1:, :9])
+        batched = head.span_scores(X, lengths, words)
     valid = span_mask(lengths[1:], 9, K)[0]  # the candidates of the short document
     as_tuple = lambda t: t if isinstance(t, tuple) else (t,)  # noqa: E731
     for got, want in zip(as_tuple(batched), as_tuple(alone)):
@@ -159,6 +157,29 @@ def test_filtered_node_marginals_are_probabilities_of_kept_spans():
     assert spans.shape[0] > 0
     assert ((conf > 0) & (conf <= 1)).all()
     assert head.count_nodes(torch.randn(2, 20, D), torch.tensor([20, 9])).shape == (2,)
+
+
+@pytest.mark.parametrize("name", sorted(set(HEADS) - {"crf"}))
+def test_word_pool_needs_word_ids_and_lets_mentions_share_evidence(name):
+    """Without ``words`` a ``word_pool`` head fails clearly; with them, changing one mention's
+    vector changes the scores of the spans on another mention of the same word, and not those
+    on a mention of another word beyond the span features' reach."""
+    torch.manual_seed(4)
+    head = HEADS[name](D, M, max_width=2, hidden_width=16, word_pool=True).eval()
+    X = torch.randn(1, 12, D)
+    lengths = torch.tensor([12])
+    with pytest.raises(ValueError, match="word ids"):
+        head.span_scores(X, lengths)
+    words = torch.tensor([[5, 1, 2, 3, 4, 6, 7, 8, 9, 10, 5, 11]])
+    changed = X.clone()
+    changed[0, 0] += 1.0
+    as_first = lambda t: t[0] if isinstance(t, tuple) else t  # noqa: E731
+    with torch.no_grad():
+        before = as_first(head.span_scores(X, lengths, words))
+        after = as_first(head.span_scores(changed, lengths, words))
+    assert not torch.allclose(before[0, 10, 0], after[0, 10, 0])  # the other "5"
+    # a lone word far from token 0 (sums are differences of prefix sums: rounding differs)
+    assert torch.allclose(before[0, 6, 0], after[0, 6, 0], atol=1e-5)
 
 
 def test_context_reads_each_document_alone():

@@ -11,6 +11,7 @@ from spacy_fsemicrf.structured.spans import (
     document_mean,
     gold_label_grid,
     overlap_mask,
+    same_word_mean,
     span_mask,
     token_coverage,
     window_max,
@@ -149,6 +150,34 @@ def test_document_mean_leaves_out_padding_and_empty_documents():
     x = torch.arange(12, dtype=torch.float32).view(3, 2, 2)
     got = document_mean(x, torch.tensor([2, 1, 0]))
     assert got.tolist() == [[1.0, 2.0], [4.0, 5.0], [0.0, 0.0]]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 9), st.integers(0, 9), st.integers(1, 4))
+def test_same_word_mean_matches_brute_force(seed, n0, n1, vocab):
+    """Each token gets the mean over the tokens of its own document with its word id; padding
+    (whatever ids it holds) and the other document change nothing and come out zero."""
+    gen = torch.Generator().manual_seed(seed)
+    L = max(n0, n1, 1) + 1
+    x = torch.randn(2, L, 3, generator=gen, dtype=torch.float64)
+    words = torch.randint(0, vocab, (2, L), generator=gen)
+    lengths = torch.tensor([n0, n1])
+    got = same_word_mean(x, words, lengths)
+    for b, n in enumerate((n0, n1)):
+        for i in range(L):
+            if i >= n:
+                assert (got[b, i] == 0).all()
+                continue
+            same = [t for t in range(n) if words[b, t] == words[b, i]]
+            assert torch.allclose(got[b, i], x[b, same].mean(0))
+
+
+def test_same_word_mean_passes_gradient_to_every_mention():
+    x = torch.randn(1, 4, 2, requires_grad=True)
+    words = torch.tensor([[7, 3, 7, 7]])
+    same_word_mean(x, words, torch.tensor([3]))[0, 0].sum().backward()
+    # token 0 pools tokens 0 and 2 (token 3 is padding)
+    assert x.grad[0, :, 0].tolist() == [0.5, 0.0, 0.5, 0.0]
 
 
 def test_featurizer_rejects_unknown_repr():

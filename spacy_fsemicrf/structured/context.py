@@ -1,13 +1,17 @@
-"""An optional BiLSTM over the token vectors, at the bottom of a head.
+"""Optional token context at the bottom of a head: a BiLSTM, and same-word pooling.
 
 The paper's released code runs a one-layer BiLSTM (half the encoder width per direction)
 between the encoder and the span representation. Here it is part of the head, so the
 encoder (a spaCy ``tok2vec`` or a transformer listener) stays the same for every component
 it feeds; ``depth = 0`` leaves the vectors as they are and has no parameters.
 """
+from typing import Optional
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from .spans import same_word_mean
 
 
 class TokenContext(nn.Module):
@@ -45,3 +49,29 @@ class TokenContext(nn.Module):
         packed = pack_padded_sequence(X, steps, batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
         return pad_packed_sequence(out, batch_first=True, total_length=L)[0]
+
+
+class WordPool(nn.Module):
+    """``[B, L, D] -> [B, L, D]``: adds to each token vector ``P m``, where ``m`` is the mean
+    vector of the tokens of its document with the same word (:func:`~.spans.same_word_mean`),
+    or the identity when disabled.
+
+    A name that recurs in a document nearly always keeps its type (a club in a results table is
+    an ORG in every row), but a CNN ``tok2vec`` labels each mention from its own few tokens of
+    context; pooling the mentions lets the clearest one inform the others. ``P`` has no bias,
+    so padding stays zero. It reads whole documents: callers pool before splitting a long
+    document into blocks.
+    """
+
+    def __init__(self, input_width: int, enabled: bool = False) -> None:
+        super().__init__()
+        self.proj = nn.Linear(input_width, input_width, bias=False) if enabled else None
+
+    def forward(
+        self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        if self.proj is None:
+            return X
+        if words is None:
+            raise ValueError("A head with word_pool needs the word ids of the tokens (words=...)")
+        return X + self.proj(same_word_mean(X, words, lengths))

@@ -9,7 +9,10 @@ Each head maps token vectors ``X [B, L, D]`` and ``lengths [B]`` to
 
 ``FilteredSemiCRFHead`` is the product; ``SemiCRFHead`` and ``LinearCRFHead`` are the baselines
 of the paper, on the same encoder. With ``context_depth > 0`` each head first runs a BiLSTM over
-the token vectors (:class:`~.context.TokenContext`), as the paper's released code does.
+the token vectors (:class:`~.context.TokenContext`), as the paper's released code does. With
+``word_pool`` the two span heads then add to each token a projection of the mean vector of its
+word's tokens in the document (:class:`~.context.WordPool`); they take the word ids as
+``forward(..., words=LongTensor[B, L])``.
 """
 from typing import Optional, Tuple, Union
 
@@ -17,7 +20,7 @@ import torch
 from torch import nn
 
 from . import filtered
-from .context import TokenContext
+from .context import TokenContext, WordPool
 from .linear_crf import (
     crf_log_partition,
     crf_score,
@@ -155,6 +158,7 @@ class FilteredSemiCRFHead(nn.Module):
         span_norm: bool = False,
         boundary_smoothing: float = 0.0,
         doc_vector: bool = False,
+        word_pool: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 < null_weight <= 1.0:
@@ -167,6 +171,7 @@ class FilteredSemiCRFHead(nn.Module):
         self.boundary_smoothing = boundary_smoothing
         C = n_labels + 1
         self.context = TokenContext(input_width, context_depth)
+        self.word_pool = WordPool(self.context.output_width, word_pool)
         # One scorer with 2C outputs: the local scores and the global scores share the span
         # representation, as in the paper.
         self.scorer = _SpanScorer(
@@ -176,10 +181,10 @@ class FilteredSemiCRFHead(nn.Module):
         self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
 
     def span_scores(
-        self, X: torch.Tensor, lengths: torch.Tensor
+        self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(local [B, L, K, C], global [B, L, K, C])`` span scores."""
-        scores = self.scorer(self.context(X, lengths), lengths)
+        scores = self.scorer(self.word_pool(self.context(X, lengths), lengths, words), lengths)
         return scores.chunk(2, dim=-1)
 
     def forward(
@@ -188,8 +193,9 @@ class FilteredSemiCRFHead(nn.Module):
         lengths: torch.Tensor,
         gold: Optional[torch.Tensor] = None,
         filter_margin: float = 0.0,
+        words: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
-        local, glob = self.span_scores(X, lengths)
+        local, glob = self.span_scores(X, lengths, words)
         if gold is None:
             return self.decode(local, glob, lengths, filter_margin)
         return self.loss(local, glob, lengths, gold)
@@ -247,10 +253,14 @@ class FilteredSemiCRFHead(nn.Module):
 
     @torch.no_grad()
     def count_nodes(
-        self, X: torch.Tensor, lengths: torch.Tensor, filter_margin: float = 0.0
+        self,
+        X: torch.Tensor,
+        lengths: torch.Tensor,
+        filter_margin: float = 0.0,
+        words: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """``LongTensor[B]``: the size of the filtered graph (kept nodes) of each document."""
-        local, glob = self.span_scores(X, lengths)
+        local, glob = self.span_scores(X, lengths, words)
         return self.nodes(local, glob, lengths, filter_margin).counts()
 
 
@@ -274,31 +284,40 @@ class SemiCRFHead(nn.Module):
         context_depth: int = 0,
         span_norm: bool = False,
         doc_vector: bool = False,
+        word_pool: bool = False,
     ) -> None:
         super().__init__()
         self.n_labels = n_labels
         self.max_width = max_width
         C = n_labels + 1
         self.context = TokenContext(input_width, context_depth)
+        self.word_pool = WordPool(self.context.output_width, word_pool)
         self.scorer = _SpanScorer(
             self.context.output_width, C, max_width, hidden_width, span_repr, dropout,
             hidden_depth, span_norm, doc_vector,
         )
         self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
 
-    def span_scores(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def span_scores(
+        self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``[B, L, K, C]`` segment scores; impossible segments (past the end, null wider than
         one token) hold NEG."""
-        scores = self.scorer(self.context(X, lengths), lengths).float()
+        context = self.word_pool(self.context(X, lengths), lengths, words)
+        scores = self.scorer(context, lengths).float()
         B, L, K, C = scores.shape
         keep = span_mask(lengths, L, K).unsqueeze(-1).expand(B, L, K, C).clone()
         keep[:, :, 1:, 0] = False
         return masked_fill_neg(scores, keep)
 
     def forward(
-        self, X: torch.Tensor, lengths: torch.Tensor, gold: Optional[torch.Tensor] = None
+        self,
+        X: torch.Tensor,
+        lengths: torch.Tensor,
+        gold: Optional[torch.Tensor] = None,
+        words: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
-        scores = self.span_scores(X, lengths)
+        scores = self.span_scores(X, lengths, words)
         T = None if self.transitions is None else self.transitions.float()
         if gold is not None:
             log_z = semicrf_log_partition(scores, lengths, T)

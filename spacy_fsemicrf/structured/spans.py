@@ -147,6 +147,28 @@ def document_mean(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum(1) / lengths.to(x.device).clamp_min(1).unsqueeze(-1).to(x.dtype)
 
 
+def same_word_mean(x: torch.Tensor, words: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``[B, L, D] -> [B, L, D]``: for each token, the mean of the vectors of the tokens of its
+    document that carry the same word id (itself included); zero past each document's length.
+
+    ``words`` is a ``LongTensor[B, L]`` of word ids (any value at padding). One scatter-add over
+    the tokens: linear in the document length, so a 100k-token document costs no more per
+    token than a short one."""
+    B, L, D = x.shape
+    valid = token_mask(lengths.to(x.device), L)
+    words = words.to(x.device).long()
+    # one group per (document, word) pair: documents never pool together
+    pairs = torch.stack([valid.nonzero()[:, 0], words[valid]], dim=1)
+    _, group = torch.unique(pairs, dim=0, return_inverse=True)
+    n_groups = int(group.max()) + 1 if group.numel() else 0
+    tokens = x[valid]
+    sums = tokens.new_zeros((n_groups, D)).index_add_(0, group, tokens)
+    counts = torch.bincount(group, minlength=n_groups).to(x.dtype).unsqueeze(-1)
+    out = x.new_zeros((B, L, D))
+    out[valid] = (sums / counts)[group]
+    return out
+
+
 def window_view(x: torch.Tensor, max_width: int) -> torch.Tensor:
     """``[B, L, D] -> [B, L, K, D]`` where entry ``(b, i, w)`` is ``x[b, i + w]`` (zero past L).
 
