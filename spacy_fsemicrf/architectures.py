@@ -170,14 +170,16 @@ def build_linear_crf(
     scheme: str = "BIO",
     dropout: float = 0.1,
     context_depth: int = 0,
+    word_pool: bool = False,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
     """Linear-chain CRF baseline over BIO or BILUO token tags (emissions from a hidden layer
-    of ``hidden_width``, over a BiLSTM of ``context_depth`` layers if that is above 0). Trains on
-    entities of any width; ``max_width`` is only passed on to the head."""
+    of ``hidden_width``, over a BiLSTM of ``context_depth`` layers if that is above 0, and with
+    ``word_pool`` the same-word pooling of the span heads). Trains on entities of any width;
+    ``max_width`` is only passed on to the head."""
     kwargs = dict(max_width=max_width, hidden_width=hidden_width, scheme=scheme, dropout=dropout,
-                  context_depth=context_depth)
+                  context_depth=context_depth, word_pool=word_pool)
     return build_structured_model(
         "LinearCRF", tok2vec, kwargs, max_width=max_width, span_head=False,
         mixed_precision=mixed_precision, grad_scaler=grad_scaler,

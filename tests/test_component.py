@@ -286,7 +286,8 @@ def test_to_disk_and_spacy_load_give_identical_predictions(trained_nlp, tmp_path
     assert predicted_set(nlp3.pipe(texts)) == predicted_set(before)
 
 
-@pytest.mark.parametrize("arch", ["spacy-fsemicrf.FilteredSemiCRF.v1", "spacy-fsemicrf.SemiCRF.v1"])
+@pytest.mark.parametrize("arch", ["spacy-fsemicrf.FilteredSemiCRF.v1", "spacy-fsemicrf.SemiCRF.v1",
+                                  "spacy-fsemicrf.LinearCRF.v1"])
 def test_word_pool_trains_saves_and_predicts_each_doc_as_alone(arch, tmp_path):
     """With ``word_pool`` the word ids are made per batch; a document's entities do not depend
     on the batch it comes in, and survive a save and load."""

@@ -4,7 +4,7 @@ import torch
 
 from spacy_fsemicrf.structured import heads as heads_module
 from spacy_fsemicrf.structured.context import TokenContext
-from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead
+from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead, LinearCRFHead
 from spacy_fsemicrf.structured.spans import span_mask
 
 D, M, K = 8, 3, 4
@@ -159,27 +159,49 @@ def test_filtered_node_marginals_are_probabilities_of_kept_spans():
     assert head.count_nodes(torch.randn(2, 20, D), torch.tensor([20, 9])).shape == (2,)
 
 
-@pytest.mark.parametrize("name", sorted(set(HEADS) - {"crf"}))
+def token_scores(head, X, lengths, words=None):
+    """The first scores a head computes per position: span scores starting there (the local
+    ones for the filtered head), or tag scores for the linear CRF."""
+    if isinstance(head, LinearCRFHead):
+        return head.emissions(X, lengths, words)
+    scores = head.span_scores(X, lengths, words)
+    return scores[0] if isinstance(scores, tuple) else scores
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
 def test_word_pool_needs_word_ids_and_lets_mentions_share_evidence(name):
     """Without ``words`` a ``word_pool`` head fails clearly; with them, changing one mention's
-    vector changes the scores of the spans on another mention of the same word, and not those
-    on a mention of another word beyond the span features' reach."""
+    vector changes the scores on another mention of the same word, and not those on a mention
+    of another word beyond the span features' reach."""
     torch.manual_seed(4)
     head = HEADS[name](D, M, max_width=2, hidden_width=16, word_pool=True).eval()
     X = torch.randn(1, 12, D)
     lengths = torch.tensor([12])
     with pytest.raises(ValueError, match="word ids"):
-        head.span_scores(X, lengths)
+        token_scores(head, X, lengths)
     words = torch.tensor([[5, 1, 2, 3, 4, 6, 7, 8, 9, 10, 5, 11]])
     changed = X.clone()
     changed[0, 0] += 1.0
-    as_first = lambda t: t[0] if isinstance(t, tuple) else t  # noqa: E731
     with torch.no_grad():
-        before = as_first(head.span_scores(X, lengths, words))
-        after = as_first(head.span_scores(changed, lengths, words))
-    assert not torch.allclose(before[0, 10, 0], after[0, 10, 0])  # the other "5"
+        before = token_scores(head, X, lengths, words)
+        after = token_scores(head, changed, lengths, words)
+    assert not torch.allclose(before[0, 10], after[0, 10])  # the other "5"
     # a lone word far from token 0 (sums are differences of prefix sums: rounding differs)
-    assert torch.allclose(before[0, 6, 0], after[0, 6, 0], atol=1e-5)
+    assert torch.allclose(before[0, 6], after[0, 6], atol=1e-5)
+
+
+def test_linear_crf_word_pool_reads_each_document_alone():
+    """The CRF's emissions with ``word_pool`` do not depend on the padding or on the other
+    documents of the batch, although the same word ids occur in both."""
+    torch.manual_seed(5)
+    head = LinearCRFHead(D, M, hidden_width=16, word_pool=True).eval()
+    X = torch.randn(2, 15, D)
+    lengths = torch.tensor([15, 9])
+    words = torch.randint(0, 4, (2, 15))
+    with torch.no_grad():
+        alone = head.emissions(X[1:, :9], lengths[1:], words[1:, :9])
+        batched = head.emissions(X, lengths, words)
+    assert torch.allclose(batched[1, :9], alone[0], atol=1e-5)
 
 
 def test_context_reads_each_document_alone():

@@ -10,8 +10,8 @@ Each head maps token vectors ``X [B, L, D]`` and ``lengths [B]`` to
 ``FilteredSemiCRFHead`` is the product; ``SemiCRFHead`` and ``LinearCRFHead`` are the baselines
 of the paper, on the same encoder. With ``context_depth > 0`` each head first runs a BiLSTM over
 the token vectors (:class:`~.context.TokenContext`), as the paper's released code does. With
-``word_pool`` the two span heads then add to each token a projection of the mean vector of its
-word's tokens in the document (:class:`~.context.WordPool`); they take the word ids as
+``word_pool`` each head then adds to each token a projection of the mean vector of its word's
+tokens in the document (:class:`~.context.WordPool`); it takes the word ids as
 ``forward(..., words=LongTensor[B, L])``.
 """
 from typing import Optional, Tuple, Union
@@ -348,6 +348,7 @@ class LinearCRFHead(nn.Module):
         scheme: str = "BIO",
         dropout: float = 0.1,
         context_depth: int = 0,
+        word_pool: bool = False,
     ) -> None:
         super().__init__()
         self.n_labels = n_labels
@@ -355,6 +356,7 @@ class LinearCRFHead(nn.Module):
         self.scheme = tag_scheme(n_labels, scheme)
         n_tags = self.scheme.n_tags
         self.context = TokenContext(input_width, context_depth)
+        self.word_pool = WordPool(self.context.output_width, word_pool)
         self.emitter = nn.Sequential(
             nn.Dropout(dropout),
             nn.Linear(self.context.output_width, hidden_width),
@@ -364,10 +366,20 @@ class LinearCRFHead(nn.Module):
         self.transitions = nn.Parameter(torch.zeros(n_tags + 1, n_tags + 1))
         self.register_buffer("allowed", self.scheme.allowed.clone(), persistent=False)
 
+    def emissions(
+        self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """``[B, L, n_tags]`` tag scores of every token."""
+        return self.emitter(self.word_pool(self.context(X, lengths), lengths, words)).float()
+
     def forward(
-        self, X: torch.Tensor, lengths: torch.Tensor, gold: Optional[torch.Tensor] = None
+        self,
+        X: torch.Tensor,
+        lengths: torch.Tensor,
+        gold: Optional[torch.Tensor] = None,
+        words: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
-        emissions = self.emitter(self.context(X, lengths)).float()
+        emissions = self.emissions(X, lengths, words)
         T = self.transitions.float()
         allowed = self.allowed.to(emissions.device)
         if gold is not None:
