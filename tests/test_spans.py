@@ -153,14 +153,16 @@ def test_document_mean_leaves_out_padding_and_empty_documents():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(0, 10_000), st.integers(0, 9), st.integers(0, 9), st.integers(1, 4))
-def test_same_word_mean_matches_brute_force(seed, n0, n1, vocab):
-    """Each token gets the mean over the tokens of its own document with its word id; padding
-    (whatever ids it holds) and the other document change nothing and come out zero."""
+@given(st.integers(0, 10_000), st.integers(0, 9), st.integers(0, 9), st.integers(1, 4),
+       st.sampled_from([0, -3, 2**40]))
+def test_same_word_mean_matches_brute_force(seed, n0, n1, vocab, offset):
+    """Each token gets the mean over the tokens of its own document with its word id (ids may
+    be negative or large); padding (whatever ids it holds) and the other document change
+    nothing and come out zero."""
     gen = torch.Generator().manual_seed(seed)
     L = max(n0, n1, 1) + 1
     x = torch.randn(2, L, 3, generator=gen, dtype=torch.float64)
-    words = torch.randint(0, vocab, (2, L), generator=gen)
+    words = torch.randint(0, vocab, (2, L), generator=gen) + offset
     lengths = torch.tensor([n0, n1])
     got = same_word_mean(x, words, lengths)
     for b, n in enumerate((n0, n1)):

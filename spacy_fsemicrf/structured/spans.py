@@ -151,15 +151,21 @@ def same_word_mean(x: torch.Tensor, words: torch.Tensor, lengths: torch.Tensor) 
     """``[B, L, D] -> [B, L, D]``: for each token, the mean of the vectors of the tokens of its
     document that carry the same word id (itself included); zero past each document's length.
 
-    ``words`` is a ``LongTensor[B, L]`` of word ids (any value at padding). One scatter-add over
+    ``words`` is a ``LongTensor[B, L]`` of word ids (any value at padding; within the documents
+    their range times ``B`` must fit in int64, as batch-local ids do). One scatter-add over
     the tokens: linear in the document length, so a 100k-token document costs no more per
     token than a short one."""
     B, L, D = x.shape
     valid = token_mask(lengths.to(x.device), L)
     words = words.to(x.device).long()
-    # one group per (document, word) pair: documents never pool together
-    pairs = torch.stack([valid.nonzero()[:, 0], words[valid]], dim=1)
-    _, group = torch.unique(pairs, dim=0, return_inverse=True)
+    # one group per (document, word) pair, so documents never pool together; the pair as one
+    # int64 key, as a 1-d unique is several times faster than a unique over rows
+    ids = words[valid]
+    lowest = ids.min() if ids.numel() else ids.new_zeros(())
+    n_words = int(ids.max() - lowest) + 1 if ids.numel() else 1
+    doc = torch.arange(B, device=x.device).unsqueeze(1).expand(B, L)[valid]
+    keys = doc * n_words + (ids - lowest)
+    _, group = torch.unique(keys, return_inverse=True)
     n_groups = int(group.max()) + 1 if group.numel() else 0
     tokens = x[valid]
     sums = tokens.new_zeros((n_groups, D)).index_add_(0, group, tokens)
