@@ -58,7 +58,7 @@ def n_candidates(L: int, K: int) -> int:
     return sum(min(K, L - i) for i in range(L))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=Path("training/fsemicrf/model-best"))
     p.add_argument("--component", default=None)
@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--prefix", default="kept_nodes")
     p.add_argument("--filter-margin", type=float, default=None,
                    help="prediction-time filter margin (default: the pipeline's own)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
 
     nlp = spacy.load(args.model)
@@ -84,7 +84,8 @@ def main() -> None:
         lengths = hargs[1] if len(hargs) > 1 else hkwargs["lengths"]
         if hkwargs.get("gold") is None and (len(hargs) < 3 or hargs[2] is None):
             captured.append((lengths.detach().cpu().tolist(),
-                             module.count_nodes(X, lengths, hkwargs.get("filter_margin", 0.0))
+                             module.count_nodes(X, lengths, hkwargs.get("filter_margin", 0.0),
+                                                words=hkwargs.get("words"))
                              .detach().cpu().tolist()))
 
     handle = head.register_forward_pre_hook(hook, with_kwargs=True)

@@ -1,0 +1,46 @@
+"""scripts/kept_nodes.py: the filtered graph of every test document, with and without word_pool."""
+import json
+
+import pytest
+import spacy
+import torch
+
+from spacy_fsemicrf.architectures import word_ids
+
+try:  # tests/ as a package (tests/__init__.py) or as a plain directory
+    from .conftest import make_examples, model_config, train_pipeline, write_corpus
+    from .test_decode_settings import _load
+except ImportError:  # pragma: no cover
+    from conftest import make_examples, model_config, train_pipeline, write_corpus
+    from test_decode_settings import _load
+
+kept_nodes = _load("kept_nodes")
+
+
+@pytest.mark.parametrize("word_pool", [False, True])
+def test_kept_nodes_count_the_graph_of_each_document(tmp_path, word_pool):
+    """Per document, the count is the head's own ``count_nodes`` on the pipeline's inputs
+    (word ids included when the head pools words), and never more than the candidates."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": model_config(word_pool=word_pool)})
+    train_pipeline(nlp, make_examples(nlp), n_iter=15)
+    model = tmp_path / "model"
+    nlp.to_disk(model)
+    corpus = write_corpus(tmp_path / "test.spacy", nlp)
+    kept_nodes.main(["--model", str(model), "--test", str(corpus), "--output", str(tmp_path)])
+    res = json.loads((tmp_path / "kept_nodes.json").read_text())
+    rows = res["docs"]
+    assert len(rows) == len(make_examples(nlp)) and res["summary"]["docs"] == len(rows)
+
+    loaded = spacy.load(model)
+    _, head = kept_nodes.find_head(loaded)
+    component = loaded.get_pipe("fsemicrf_ner")
+    for row, eg in zip(rows, make_examples(loaded)):
+        doc = loaded.make_doc(eg.reference.text)
+        assert len(doc) == row["L"]
+        X = torch.as_tensor(component.model.get_ref("tok2vec").predict([doc])[0]).unsqueeze(0)
+        words = torch.as_tensor(word_ids([doc])[0]).unsqueeze(0) if word_pool else None
+        expected = int(head.count_nodes(X, torch.tensor([len(doc)]), words=words)[0])
+        assert row["kept_nodes"] == expected
+        assert 0 <= row["kept_nodes"] <= row["candidates"] <= row["LK"]
+
