@@ -27,6 +27,7 @@ from .torch_bridge import build_head, get_head_class, is_initialized, make_head_
 
 FILTERED_SEMICRF = "spacy-fsemicrf.FilteredSemiCRF.v1"
 FILTERED_SEMICRF_V2 = "spacy-fsemicrf.FilteredSemiCRF.v2"
+FILTERED_SEMICRF_V3 = "spacy-fsemicrf.FilteredSemiCRF.v3"
 SEMICRF = "spacy-fsemicrf.SemiCRF.v1"
 LINEAR_CRF = "spacy-fsemicrf.LinearCRF.v1"
 
@@ -124,6 +125,16 @@ build_filtered_semicrf_v2.__doc__ = (
     "Filtered Semi-Markov CRF, as ``FilteredSemiCRF.v1`` with ``doc_vector = True`` by default."
 )
 
+# v3 (the default since stop 19) also pools the mentions of a word (word_pool), for the same
+# reason v2 is a new version: pipelines saved with v2 keep loading without it.
+build_filtered_semicrf_v3 = registry.architectures(FILTERED_SEMICRF_V3)(
+    with_defaults(build_filtered_semicrf, doc_vector=True, word_pool=True)
+)
+build_filtered_semicrf_v3.__doc__ = (
+    "Filtered Semi-Markov CRF, as ``FilteredSemiCRF.v1`` with ``doc_vector = True`` and "
+    "``word_pool = True`` by default."
+)
+
 
 @registry.architectures(SEMICRF)
 def build_semicrf(
@@ -142,8 +153,9 @@ def build_semicrf(
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model:
     """Exact Semi-Markov CRF baseline (every segmentation into segments of width 1..K); the
-    span scorer takes the settings of ``FilteredSemiCRF.v1`` (``doc_vector`` is off by default
-    here too; ``configs/semicrf_cnn.cfg`` turns it on, as ``FilteredSemiCRF.v2`` does)."""
+    span scorer takes the settings of ``FilteredSemiCRF.v1`` (``doc_vector`` and ``word_pool``
+    are off by default here too; ``configs/semicrf_cnn.cfg`` turns them on, as
+    ``FilteredSemiCRF.v3`` does)."""
     kwargs = dict(
         max_width=max_width,
         hidden_width=hidden_width,

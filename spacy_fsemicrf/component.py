@@ -31,7 +31,7 @@ DEFAULT_SPANS_KEY = "fsemicrf"
 
 default_model_config = """
 [model]
-@architectures = "spacy-fsemicrf.FilteredSemiCRF.v2"
+@architectures = "spacy-fsemicrf.FilteredSemiCRF.v3"
 max_width = 10
 hidden_width = 128
 span_repr = "sum_endpoints_neighbors"
@@ -43,7 +43,7 @@ context_depth = 0
 span_norm = false
 boundary_smoothing = 0.0
 doc_vector = true
-word_pool = false
+word_pool = true
 mixed_precision = false
 grad_scaler = null
 

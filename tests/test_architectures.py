@@ -6,7 +6,9 @@ import pytest
 import spacy
 from spacy.util import registry
 
-from spacy_fsemicrf.architectures import FILTERED_SEMICRF, FILTERED_SEMICRF_V2, LINEAR_CRF, SEMICRF
+from spacy_fsemicrf.architectures import (
+    FILTERED_SEMICRF, FILTERED_SEMICRF_V2, FILTERED_SEMICRF_V3, LINEAR_CRF, SEMICRF,
+)
 from spacy_fsemicrf.torch_bridge import length_groups
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
@@ -29,13 +31,14 @@ def _group(name):
 
 
 def test_registered_names_and_entry_points():
-    for name in ARCHS:
+    versions = ARCHS + [FILTERED_SEMICRF_V2, FILTERED_SEMICRF_V3]
+    for name in versions:
         assert registry.architectures.get(name) is not None
     assert registry.scorers.get("spacy-fsemicrf.ner_scorer.v1") is not None
-    assert set(ARCHS) <= set(_group("spacy_architectures"))
+    assert set(versions) <= set(_group("spacy_architectures"))
     assert _group("spacy_factories")["fsemicrf_ner"].value == "spacy_fsemicrf.component:make_fsemicrf_ner"
     assert "spacy-fsemicrf.ner_scorer.v1" in _group("spacy_scorers")
-    for ep in [_group("spacy_architectures")[n] for n in ARCHS]:
+    for ep in [_group("spacy_architectures")[n] for n in versions]:
         assert callable(ep.load())
 
 
@@ -176,13 +179,14 @@ def test_mixed_precision_config_runs_in_float32_on_cpu(caplog):
 def test_head_defaults_agree_everywhere(config_file):
     """The head settings of the shipped configs, the component's default model, the registered
     architecture and the PyTorch head have the same defaults (changing one means all), except
-    ``doc_vector``: on in ``FilteredSemiCRF.v2`` and off in the head, as in v1."""
+    ``doc_vector`` and ``word_pool``: on in ``FilteredSemiCRF.v3`` and off in the head, as in
+    v1."""
     import inspect
     from pathlib import Path
 
     from thinc.api import Config
 
-    from spacy_fsemicrf.architectures import build_filtered_semicrf_v2
+    from spacy_fsemicrf.architectures import build_filtered_semicrf_v3
     from spacy_fsemicrf.component import DEFAULT_MODEL
     from spacy_fsemicrf.structured import FilteredSemiCRFHead
 
@@ -199,21 +203,24 @@ def test_head_defaults_agree_everywhere(config_file):
 
     component = head_settings(DEFAULT_MODEL)
     assert head_settings(shipped) == component
-    assert shipped["@architectures"] == DEFAULT_MODEL["@architectures"] == FILTERED_SEMICRF_V2
-    assert {k: v for k, v in signature_defaults(build_filtered_semicrf_v2).items() if k in component} == component
-    head = {**signature_defaults(FilteredSemiCRFHead.__init__), "doc_vector": True}
+    assert shipped["@architectures"] == DEFAULT_MODEL["@architectures"] == FILTERED_SEMICRF_V3
+    assert {k: v for k, v in signature_defaults(build_filtered_semicrf_v3).items() if k in component} == component
+    head = {**signature_defaults(FilteredSemiCRFHead.__init__), "doc_vector": True, "word_pool": True}
     assert {k: component[k] for k in head if k in component} == {k: v for k, v in head.items() if k in component}
 
 
-def test_filtered_semicrf_v2_is_v1_with_doc_vector_on():
+@pytest.mark.parametrize("name,options", [
+    (FILTERED_SEMICRF_V2, ("doc_vector",)), (FILTERED_SEMICRF_V3, ("doc_vector", "word_pool")),
+])
+def test_later_filtered_semicrf_versions_are_v1_with_options_on(name, options):
     import inspect
 
     v1 = registry.architectures.get(FILTERED_SEMICRF)
-    v2 = registry.architectures.get(FILTERED_SEMICRF_V2)
+    v2 = registry.architectures.get(name)
     p1, p2 = inspect.signature(v1).parameters, inspect.signature(v2).parameters
     assert list(p1) == list(p2)
-    assert {k for k in p1 if p1[k].default != p2[k].default} == {"doc_vector"}
-    assert p1["doc_vector"].default is False and p2["doc_vector"].default is True
+    assert {k for k in p1 if p1[k].default != p2[k].default} == set(options)
+    assert all(p1[k].default is False and p2[k].default is True for k in options)
     # and it builds what it says, positional or keyword
     from spacy.ml.models import build_hash_embed_cnn_tok2vec
 
@@ -222,7 +229,7 @@ def test_filtered_semicrf_v2_is_v1_with_doc_vector_on():
         pretrained_vectors=None,
     )
     model = v2(tok2vec, 3, hidden_width=16)
-    assert model.get_ref("head").attrs["head_kwargs"]["doc_vector"] is True
+    assert all(model.get_ref("head").attrs["head_kwargs"][k] is True for k in options)
     assert model.get_ref("head").attrs["head_kwargs"]["max_width"] == 3
 
 

@@ -30,8 +30,9 @@ def test_add_pipe_with_defaults():
     assert ner.spans_key == "fsemicrf"
     assert ner.max_width == 10
     cfg = nlp.config["components"]["fsemicrf_ner"]
-    assert cfg["model"]["@architectures"] == "spacy-fsemicrf.FilteredSemiCRF.v2"
+    assert cfg["model"]["@architectures"] == "spacy-fsemicrf.FilteredSemiCRF.v3"
     assert cfg["model"]["doc_vector"] is True
+    assert cfg["model"]["word_pool"] is True
     assert cfg["model"]["tok2vec"]["@architectures"] == "spacy.HashEmbedCNN.v2"
     assert cfg["scorer"]["@scorers"] == "spacy-fsemicrf.ner_scorer.v1"
 
@@ -312,12 +313,14 @@ def test_word_pool_trains_saves_and_predicts_each_doc_as_alone(arch, tmp_path):
     assert predicted_set(spacy.load(tmp_path / "pipeline").pipe(texts)) == predicted_set(batched)
 
 
-def test_a_pipeline_saved_before_doc_vector_existed_still_loads(tmp_path):
+@pytest.mark.parametrize("version,option", [("v1", "doc_vector"), ("v2", "word_pool")])
+def test_a_pipeline_saved_before_an_option_existed_still_loads(tmp_path, version, option):
     """Pipelines saved before stop 17 name ``FilteredSemiCRF.v1`` and have no ``doc_vector`` in
-    their config: they load as trained, without it, although the component's default (v2) has
-    it on."""
+    their config, those of stop 17 name v2 and have no ``word_pool``: they load as trained,
+    without the option, although the component's default (v3) has it on."""
     nlp = spacy.blank("en")
-    nlp.add_pipe("fsemicrf_ner", config={"model": {"doc_vector": False}})
+    off = {"doc_vector": False, "word_pool": False} if version == "v1" else {"word_pool": False}
+    nlp.add_pipe("fsemicrf_ner", config={"model": off})
     losses = train_pipeline(nlp, make_examples(nlp), n_iter=40)
     assert losses[-1] < 0.05 * losses[0]
     texts = [text for text, _ in TRAIN_DATA]
@@ -325,12 +328,15 @@ def test_a_pipeline_saved_before_doc_vector_existed_still_loads(tmp_path):
     nlp.to_disk(tmp_path / "pipeline")
     config_path = tmp_path / "pipeline" / "config.cfg"
     lines = config_path.read_text().splitlines(keepends=True)
-    assert "doc_vector = false\n" in lines
-    old = "".join(line for line in lines if not line.startswith("doc_vector"))
-    config_path.write_text(old.replace("FilteredSemiCRF.v2", "FilteredSemiCRF.v1"))
+    newer = ("doc_vector", "word_pool") if version == "v1" else ("word_pool",)
+    assert all(f"{key} = false\n" in lines for key in newer)
+    old = "".join(line for line in lines if not line.startswith(newer))
+    config_path.write_text(old.replace("FilteredSemiCRF.v3", f"FilteredSemiCRF.{version}"))
     nlp2 = spacy.load(tmp_path / "pipeline")
-    head = nlp2.get_pipe("fsemicrf_ner").model.get_ref("head").shims[0]._model
-    assert head.scorer.featurizer.doc_proj is None
+    model = nlp2.get_pipe("fsemicrf_ner").model
+    head = model.get_ref("head").shims[0]._model
+    assert head.word_pool.proj is None and not model.attrs["word_pool"]
+    assert (head.scorer.featurizer.doc_proj is None) == (version == "v1")
     assert predicted_set(nlp2.pipe(texts)) == gold_set(nlp)
 
 
