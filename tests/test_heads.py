@@ -135,16 +135,21 @@ def test_span_scores_ignore_padding_when_spans_read_their_neighbours(
         D, M, max_width=K, hidden_width=16, span_repr=span_repr, span_norm=span_norm,
         doc_vector=doc_vector, word_pool=word_pool,
     ).eval()
+    alone, batched = _alone_and_batched(head.span_scores)
+    valid = span_mask(torch.tensor([9]), 9, K)[0]  # the candidates of the short document
+    as_tuple = lambda t: t if isinstance(t, tuple) else (t,)  # noqa: E731
+    for got, want in zip(as_tuple(batched), as_tuple(alone)):
+        assert torch.allclose(got[1, :9][valid], want[0][valid], atol=1e-5)
+
+
+def _alone_and_batched(fn):
+    """``fn(X, lengths, words)`` on a 9-token document alone and batched with a 15-token one
+    (random vectors; word ids 0-3, so both documents and the padding share ids)."""
     X = torch.randn(2, 15, D)
     lengths = torch.tensor([15, 9])
     words = torch.randint(0, 4, (2, 15))
     with torch.no_grad():
-        alone = head.span_scores(X[1:, :9], lengths[1:], words[1:, :9])
-        batched = head.span_scores(X, lengths, words)
-    valid = span_mask(lengths[1:], 9, K)[0]  # the candidates of the short document
-    as_tuple = lambda t: t if isinstance(t, tuple) else (t,)  # noqa: E731
-    for got, want in zip(as_tuple(batched), as_tuple(alone)):
-        assert torch.allclose(got[1, :9][valid], want[0][valid], atol=1e-5)
+        return fn(X[1:, :9], lengths[1:], words[1:, :9]), fn(X, lengths, words)
 
 
 def test_filtered_node_marginals_are_probabilities_of_kept_spans():
@@ -195,12 +200,7 @@ def test_linear_crf_word_pool_reads_each_document_alone():
     documents of the batch, although the same word ids occur in both."""
     torch.manual_seed(5)
     head = LinearCRFHead(D, M, hidden_width=16, word_pool=True).eval()
-    X = torch.randn(2, 15, D)
-    lengths = torch.tensor([15, 9])
-    words = torch.randint(0, 4, (2, 15))
-    with torch.no_grad():
-        alone = head.emissions(X[1:, :9], lengths[1:], words[1:, :9])
-        batched = head.emissions(X, lengths, words)
+    alone, batched = _alone_and_batched(head.emissions)
     assert torch.allclose(batched[1, :9], alone[0], atol=1e-5)
 
 
