@@ -195,6 +195,40 @@ def test_word_pool_needs_word_ids_and_lets_mentions_share_evidence(name):
     assert torch.allclose(before[0, 6], after[0, 6], atol=1e-5)
 
 
+@pytest.mark.parametrize("word_pool", [False, True])
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_loss_gradient_is_the_same_on_every_run_with_two_threads(name, word_pool):
+    """Same seed, same model: the loss gradient of every head is bitwise repeatable on CPU
+    with two threads. Float gradients accumulated by advanced indexing (``index_put_`` with
+    ``accumulate``) add with parallel atomics in no fixed order; a long document whose
+    300 word ids repeat made the word_pool gradient differ on nearly every run when
+    ``same_word_mean`` gathered its group means that way."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        L, width = 3000, 32
+        X = torch.randn((1, L, width), generator=gen)
+        lengths = torch.tensor([L])
+        words = torch.randint(0, 300, (1, L), generator=gen)
+        gold = torch.tensor([[0, i, i + i % 3, 1 + i % M] for i in range(0, L - 3, 7)])
+        torch.manual_seed(1)
+        head = HEADS[name](width, M, max_width=K, hidden_width=16, word_pool=word_pool)
+
+        def gradients():
+            torch.manual_seed(2)  # the same dropout masks every run
+            head.zero_grad()
+            x = X.clone().requires_grad_()
+            head(x, lengths, gold=gold, words=words if word_pool else None).backward()
+            return [x.grad] + [p.grad for p in head.parameters() if p.grad is not None]
+
+        first = gradients()
+        for _ in range(3):
+            assert all(torch.equal(a, b) for a, b in zip(first, gradients()))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_linear_crf_word_pool_reads_each_document_alone():
     """The CRF's emissions with ``word_pool`` do not depend on the padding or on the other
     documents of the batch, although the same word ids occur in both."""
