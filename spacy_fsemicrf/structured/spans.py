@@ -171,10 +171,10 @@ def same_word_mean(x: torch.Tensor, words: torch.Tensor, lengths: torch.Tensor) 
     sums = tokens.new_zeros((n_groups, D)).index_add_(0, group, tokens)
     counts = torch.bincount(group, minlength=n_groups).to(x.dtype).unsqueeze(-1)
     out = x.new_zeros((B, L, D))
-    # index_select, not advanced indexing: the gradient of x[group] is an index_put_ with
-    # accumulation, which on CPU adds with parallel atomics in no fixed order, so training
-    # with the same seed would not give the same model twice; index_select's is a serial
-    # index_add_
+    # index_select, not advanced indexing (means[group]): the gradient of the latter is an
+    # index_put_ with accumulation, which on CPU with several threads adds with parallel
+    # atomics in no fixed order, so the same seed would not train the same model twice;
+    # index_select's gradient is a serial index_add_
     out[valid] = (sums / counts).index_select(0, group)
     return out
 
