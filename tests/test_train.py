@@ -15,6 +15,7 @@ except ImportError:  # pragma: no cover
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 CNN_CONFIGS = ["fsemicrf_cnn.cfg", "semicrf_cnn.cfg", "crf_cnn.cfg"]
+TRF_CONFIGS = ["fsemicrf_trf.cfg", "semicrf_trf.cfg", "crf_trf.cfg"]
 LOGGED = []
 
 
@@ -92,7 +93,30 @@ def test_cnn_configs_train_alike():
     assert ner["training"] == fsemicrf["training"]
 
 
-@pytest.mark.parametrize("name", CNN_CONFIGS + ["fsemicrf_trf.cfg"])
+def test_trf_configs_train_alike():
+    """The three heads' transformer configs differ in the head only, and each head is the one
+    of its CNN config, so the heads compare on the transformer as they do on the CNN."""
+    trf = [spacy.util.load_config(CONFIGS / name) for name in TRF_CONFIGS]
+    cnn = [spacy.util.load_config(CONFIGS / name) for name in CNN_CONFIGS]
+
+    def head(config):
+        return {k: v for k, v in config["components"]["fsemicrf_ner"]["model"].items() if k != "tok2vec"}
+
+    def without_head(config):
+        config = config.copy()
+        config["components"] = dict(config["components"])
+        ner = dict(config["components"]["fsemicrf_ner"])
+        ner["model"] = ner["model"]["tok2vec"]
+        config["components"]["fsemicrf_ner"] = ner
+        return config
+
+    for config, cnn_config in zip(trf, cnn):
+        assert head(config) == head(cnn_config)
+        assert without_head(config) == without_head(trf[0])
+    assert len({head(config)["@architectures"] for config in trf}) == 3
+
+
+@pytest.mark.parametrize("name", CNN_CONFIGS + TRF_CONFIGS)
 def test_debug_config(name, corpus_paths):
     train_path, dev_path = corpus_paths
     debug_config(
@@ -124,9 +148,10 @@ def _minilm_path():
 
 
 @pytest.mark.skipif(_minilm_path() is None, reason="spacy-transformers or the MiniLM model missing")
-def test_transformer_config_loads_and_trains_a_step(tmp_path):
+@pytest.mark.parametrize("name", TRF_CONFIGS)
+def test_transformer_config_loads_and_trains_a_step(name, tmp_path):
     config = spacy.util.load_config(
-        CONFIGS / "fsemicrf_trf.cfg",
+        CONFIGS / name,
         overrides={"paths.transformer": _minilm_path()},
         interpolate=True,
     )
