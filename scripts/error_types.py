@@ -5,8 +5,9 @@
 Each predicted entity that is not a gold entity is a false positive of one kind: ``type`` (a
 gold entity has the same span, another label), ``boundary`` (it overlaps a gold entity) or
 ``spurious`` (it overlaps none); each gold entity not predicted is a false negative: ``type``,
-``boundary`` (a prediction overlaps it) or ``missed``. Prints the counts per model and their
-mean, which say what a change to a model fixed (e.g. doc_vector in stop 17).
+``boundary`` (a prediction overlaps it) or ``missed``; the missed ones are also counted by width
+(``missed_w1`` .. ``missed_w4+``, in tokens). Prints the counts per model and their mean, which
+say what a change to a model fixed (e.g. doc_vector in stop 17).
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark import load_docs, make_inputs  # noqa: E402
 
-KINDS = ("tp", "fp_type", "fp_boundary", "fp_spurious", "fn_type", "fn_boundary", "fn_missed")
+KINDS = ("tp", "fp_type", "fp_boundary", "fp_spurious", "fn_type", "fn_boundary", "fn_missed",
+         "missed_w1", "missed_w2", "missed_w3", "missed_w4+")
 Entities = Dict[Tuple[int, int], str]
 
 
@@ -52,6 +54,8 @@ def classify(gold: Entities, pred: Entities) -> Counter:
             counts["fn_boundary"] += 1
         else:
             counts["fn_missed"] += 1
+            width = span[1] - span[0]
+            counts[f"missed_w{width}" if width < 4 else "missed_w4+"] += 1
     return counts
 
 

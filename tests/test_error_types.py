@@ -14,12 +14,15 @@ _spec.loader.exec_module(error_types)
 
 
 def test_each_error_is_counted_once_as_its_kind():
-    gold = {(0, 2): "PER", (3, 4): "LOC", (5, 7): "ORG", (9, 10): "MISC"}
+    gold = {(0, 2): "PER", (3, 4): "LOC", (5, 7): "ORG", (9, 10): "MISC",
+            (13, 15): "PER", (16, 21): "ORG"}
     pred = {(0, 2): "PER", (3, 4): "ORG", (5, 6): "ORG", (11, 12): "LOC"}
     got = error_types.classify(gold, pred)
     assert dict(got) == {
         "tp": 1, "fp_type": 1, "fp_boundary": 1, "fp_spurious": 1,
-        "fn_type": 1, "fn_boundary": 1, "fn_missed": 1,
+        "fn_type": 1, "fn_boundary": 1, "fn_missed": 3,
+        # the missed entities again, by width in tokens
+        "missed_w1": 1, "missed_w2": 1, "missed_w3": 0, "missed_w4+": 1,
     }
     # every prediction and every gold entity lands in exactly one kind
     assert got["tp"] + got["fp_type"] + got["fp_boundary"] + got["fp_spurious"] == len(pred)
