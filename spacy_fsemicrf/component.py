@@ -31,7 +31,7 @@ DEFAULT_SPANS_KEY = "fsemicrf"
 
 default_model_config = """
 [model]
-@architectures = "spacy-fsemicrf.FilteredSemiCRF.v3"
+@architectures = "spacy-fsemicrf.FilteredSemiCRF.v4"
 max_width = 10
 hidden_width = 128
 span_repr = "sum_endpoints_neighbors"
@@ -41,7 +41,7 @@ dropout = 0.1
 hidden_depth = 1
 context_depth = 0
 span_norm = false
-boundary_smoothing = 0.0
+boundary_smoothing = 0.2
 doc_vector = true
 word_pool = true
 mixed_precision = false

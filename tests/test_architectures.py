@@ -7,7 +7,8 @@ import spacy
 from spacy.util import registry
 
 from spacy_fsemicrf.architectures import (
-    FILTERED_SEMICRF, FILTERED_SEMICRF_V2, FILTERED_SEMICRF_V3, LINEAR_CRF, SEMICRF,
+    FILTERED_SEMICRF, FILTERED_SEMICRF_V2, FILTERED_SEMICRF_V3, FILTERED_SEMICRF_V4, LINEAR_CRF,
+    SEMICRF,
 )
 from spacy_fsemicrf.torch_bridge import length_groups
 
@@ -31,7 +32,7 @@ def _group(name):
 
 
 def test_registered_names_and_entry_points():
-    versions = ARCHS + [FILTERED_SEMICRF_V2, FILTERED_SEMICRF_V3]
+    versions = ARCHS + [FILTERED_SEMICRF_V2, FILTERED_SEMICRF_V3, FILTERED_SEMICRF_V4]
     for name in versions:
         assert registry.architectures.get(name) is not None
     assert registry.scorers.get("spacy-fsemicrf.ner_scorer.v1") is not None
@@ -179,14 +180,14 @@ def test_mixed_precision_config_runs_in_float32_on_cpu(caplog):
 def test_head_defaults_agree_everywhere(config_file):
     """The head settings of the shipped configs, the component's default model, the registered
     architecture and the PyTorch head have the same defaults (changing one means all), except
-    ``doc_vector`` and ``word_pool``: on in ``FilteredSemiCRF.v3`` and off in the head, as in
-    v1."""
+    ``doc_vector``, ``word_pool`` (on in ``FilteredSemiCRF.v4``, off in the head, as in v1) and
+    ``boundary_smoothing`` (0.2 in v4, 0 in the head and v1)."""
     import inspect
     from pathlib import Path
 
     from thinc.api import Config
 
-    from spacy_fsemicrf.architectures import build_filtered_semicrf_v3
+    from spacy_fsemicrf.architectures import build_filtered_semicrf_v4
     from spacy_fsemicrf.component import DEFAULT_MODEL
     from spacy_fsemicrf.structured import FilteredSemiCRFHead
 
@@ -203,14 +204,20 @@ def test_head_defaults_agree_everywhere(config_file):
 
     component = head_settings(DEFAULT_MODEL)
     assert head_settings(shipped) == component
-    assert shipped["@architectures"] == DEFAULT_MODEL["@architectures"] == FILTERED_SEMICRF_V3
-    assert {k: v for k, v in signature_defaults(build_filtered_semicrf_v3).items() if k in component} == component
-    head = {**signature_defaults(FilteredSemiCRFHead.__init__), "doc_vector": True, "word_pool": True}
+    assert shipped["@architectures"] == DEFAULT_MODEL["@architectures"] == FILTERED_SEMICRF_V4
+    assert {k: v for k, v in signature_defaults(build_filtered_semicrf_v4).items() if k in component} == component
+    head = {**signature_defaults(FilteredSemiCRFHead.__init__), "doc_vector": True, "word_pool": True,
+            "boundary_smoothing": 0.2}
     assert {k: component[k] for k in head if k in component} == {k: v for k, v in head.items() if k in component}
 
 
+ON = {"doc_vector": True, "word_pool": True}
+
+
 @pytest.mark.parametrize("name,options", [
-    (FILTERED_SEMICRF_V2, ("doc_vector",)), (FILTERED_SEMICRF_V3, ("doc_vector", "word_pool")),
+    (FILTERED_SEMICRF_V2, {"doc_vector": True}),
+    (FILTERED_SEMICRF_V3, ON),
+    (FILTERED_SEMICRF_V4, {**ON, "boundary_smoothing": 0.2}),
 ])
 def test_later_filtered_semicrf_versions_are_v1_with_options_on(name, options):
     import inspect
@@ -220,7 +227,8 @@ def test_later_filtered_semicrf_versions_are_v1_with_options_on(name, options):
     p1, p2 = inspect.signature(v1).parameters, inspect.signature(v2).parameters
     assert list(p1) == list(p2)
     assert {k for k in p1 if p1[k].default != p2[k].default} == set(options)
-    assert all(p1[k].default is False and p2[k].default is True for k in options)
+    assert {k: p2[k].default for k in options} == options
+    assert all(not p1[k].default for k in options)  # off in v1
     # and it builds what it says, positional or keyword
     from spacy.ml.models import build_hash_embed_cnn_tok2vec
 
@@ -229,7 +237,7 @@ def test_later_filtered_semicrf_versions_are_v1_with_options_on(name, options):
         pretrained_vectors=None,
     )
     model = v2(tok2vec, 3, hidden_width=16)
-    assert all(model.get_ref("head").attrs["head_kwargs"][k] is True for k in options)
+    assert {k: model.get_ref("head").attrs["head_kwargs"][k] for k in options} == options
     assert model.get_ref("head").attrs["head_kwargs"]["max_width"] == 3
 
 
