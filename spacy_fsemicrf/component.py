@@ -158,7 +158,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if margin and self.model.attrs.get("arch") != "FilteredSemiCRF":
             raise ValueError(
                 f"filter_margin={margin} needs the filtered semi-CRF head "
-                f"(spacy-fsemicrf.FilteredSemiCRF.v1 or .v2): the {self.model.attrs.get('arch')} head "
+                f"(spacy-fsemicrf.FilteredSemiCRF.v1 to .v4): the {self.model.attrs.get('arch')} head "
                 f"does not filter spans. Leave it at 0."
             )
         self._filter_margin = float(margin)
