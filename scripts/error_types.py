@@ -28,6 +28,11 @@ KINDS = ("tp", "fp_type", "fp_boundary", "fp_spurious", "fn_type", "fn_boundary"
 Entities = Dict[Tuple[int, int], str]
 
 
+def width_bucket(width: int) -> str:
+    """``"1"``, ``"2"``, ``"3"`` or ``"4+"``: the width classes the missed entities are counted in."""
+    return str(width) if width < 4 else "4+"
+
+
 def classify(gold: Entities, pred: Entities) -> Counter:
     """Counts of each kind for one document; ``gold`` and ``pred`` map ``(start, end)`` token
     offsets (end exclusive) to labels."""
@@ -54,8 +59,7 @@ def classify(gold: Entities, pred: Entities) -> Counter:
             counts["fn_boundary"] += 1
         else:
             counts["fn_missed"] += 1
-            width = span[1] - span[0]
-            counts[f"missed_w{width}" if width < 4 else "missed_w4+"] += 1
+            counts["missed_w" + width_bucket(span[1] - span[0])] += 1
     return counts
 
 

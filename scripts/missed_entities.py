@@ -24,6 +24,7 @@ from typing import Any, Dict, List
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from error_types import width_bucket  # noqa: E402
 from kept_nodes import find_head  # noqa: E402  (sets one thread, imports the package)
 
 import spacy  # noqa: E402
@@ -84,7 +85,7 @@ def summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     p_null = [r["p_null"] for r in rows if r["p_null"] is not None]
     by_width: Dict[str, int] = {}
     for r in rows:
-        key = str(r["width"]) if r["width"] < 4 else "4+"
+        key = width_bucket(r["width"])
         by_width[key] = by_width.get(key, 0) + 1
     return {
         "missed": len(rows),
