@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 NUM = re.compile(r"^-?\d+(\.\d+)?$")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -107,7 +106,7 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
 
     cmd = [sys.executable, "-m", "spacy", "train", str(args.config), "--output", str(args.output),
-           "--code", str(HERE / "_register.py"), "--gpu-id", str(args.gpu_id), *overrides]
+           "--gpu-id", str(args.gpu_id), *overrides]
     print("$", " ".join(cmd), flush=True)
     log_path = args.output / "train_log.txt"
     if args.from_log:

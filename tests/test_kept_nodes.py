@@ -1,5 +1,7 @@
 """scripts/kept_nodes.py: the filtered graph of every test document, with and without word_pool."""
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import spacy
@@ -9,12 +11,13 @@ from spacy_fsemicrf.architectures import word_ids
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
     from .conftest import make_examples, model_config, train_pipeline, write_corpus
-    from .test_decode_settings import _load
 except ImportError:  # pragma: no cover
     from conftest import make_examples, model_config, train_pipeline, write_corpus
-    from test_decode_settings import _load
 
-kept_nodes = _load("kept_nodes")
+_spec = importlib.util.spec_from_file_location(
+    "kept_nodes", Path(__file__).resolve().parents[1] / "scripts" / "kept_nodes.py")
+kept_nodes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kept_nodes)
 
 
 @pytest.mark.parametrize("word_pool", [False, True])

@@ -86,9 +86,6 @@ def test_cnn_configs_train_alike():
     for config in others:
         assert config["training"] == fsemicrf["training"]
     assert fsemicrf["training"]["optimizer"]["use_averages"] is True
-    ner_bilstm = spacy.util.load_config(CONFIGS / "baselines" / "ner_cnn_bilstm.cfg")
-    assert ner_bilstm["training"] == ner["training"]
-    assert ner_bilstm["components"]["tok2vec"]["model"]["*"]["cnn"] == fsemicrf["components"]["tok2vec"]["model"]
     ner["training"]["optimizer"]["use_averages"] = True
     assert ner["training"] == fsemicrf["training"]
 
@@ -170,20 +167,3 @@ def test_transformer_config_loads_and_trains_a_step(name, tmp_path):
     doc = nlp2("Mary flew to Berlin .")
     assert [(e.start, e.end) for e in doc.ents] == [(e.start, e.end) for e in docs[1].ents]
 
-
-def test_training_runs_apply_pytorch_averages_in_spacy_components():
-    """scripts/_register.py (passed to every training run) makes any Thinc PyTorch layer, e.g.
-    the BiLSTM of configs/baselines/ner_cnn_bilstm.cfg, apply the optimizer's averages; the
-    reproduction in docs/upstream shows Thinc's own shim not doing so."""
-    import subprocess
-    import sys
-
-    root = CONFIGS.parent
-    code = (
-        "import runpy, sys\n"
-        f"sys.path.insert(0, {str(root / 'scripts')!r})\n"
-        "import _register\n"
-        f"runpy.run_path({str(root / 'docs/upstream/thinc_pytorch_shim_averages.py')!r})\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "= 0.0000 (averages applied)" in out.stdout, out.stdout + out.stderr
