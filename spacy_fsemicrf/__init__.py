@@ -15,11 +15,13 @@ try:
 except ImportError:  # the structured layer alone, for research use without spaCy
     pass
 else:
-    from .architectures import build_filtered_semicrf, build_linear_crf, build_semicrf
-    from .component import FSemiCRFEntityRecognizer, make_fsemicrf_ner
+    from .architectures import ModelInput, build_filtered_semicrf, build_linear_crf, build_semicrf
+    from .component import DEFAULT_MODELS, FSemiCRFEntityRecognizer, make_fsemicrf_ner
     from .scorer import make_ner_scorer, ner_score
 
 __all__ = [
+    "DEFAULT_MODELS",
+    "ModelInput",
     "FSemiCRFEntityRecognizer",
     "make_fsemicrf_ner",
     "build_filtered_semicrf",

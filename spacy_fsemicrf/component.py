@@ -13,6 +13,7 @@ import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy
+import torch
 from spacy.language import Language
 from spacy.pipeline import TrainablePipe
 from spacy.tokens import Doc, Span, SpanGroup
@@ -22,31 +23,17 @@ from spacy.vocab import Vocab
 from thinc.api import Config, Model, Optimizer, set_dropout_rate
 
 from . import architectures  # noqa: F401  (registers the architectures)
-from .architectures import model_is_initialized
+from .architectures import ModelInput, model_is_initialized, model_torch_head
 from .scorer import ner_score
 
 logger = logging.getLogger("spacy_fsemicrf")
 
 DEFAULT_SPANS_KEY = "fsemicrf"
 
-default_model_config = """
-[model]
-@architectures = "spacy-fsemicrf.FilteredSemiCRF.v4"
-max_width = 10
-hidden_width = 128
-span_repr = "sum_endpoints_neighbors"
-transitions = false
-null_weight = 0.75
-dropout = 0.1
-hidden_depth = 1
-context_depth = 0
-span_norm = false
-boundary_smoothing = 0.2
-doc_vector = true
-word_pool = true
-mixed_precision = false
-grad_scaler = null
-
+# The pipeline's defaults, in one place: the model block of each head on spaCy's small CNN
+# tok2vec. The factory uses the filtered head's; the others are for
+# ``nlp.add_pipe("fsemicrf_ner", config={"model": DEFAULT_MODELS["SemiCRF"]})``.
+_TOK2VEC = """
 [model.tok2vec]
 @architectures = "spacy.HashEmbedCNN.v2"
 pretrained_vectors = null
@@ -57,7 +44,50 @@ window_size = 1
 maxout_pieces = 3
 subword_features = true
 """
-DEFAULT_MODEL = Config().from_str(default_model_config)["model"]
+_SPAN_SCORER = """
+max_width = 10
+hidden_width = 128
+span_repr = "sum_endpoints_neighbors"
+dropout = 0.1
+hidden_depth = 1
+context_depth = 0
+span_norm = false
+doc_vector = true
+word_pool = true
+mixed_precision = false
+grad_scaler = null
+"""
+_MODEL_CONFIGS = {
+    "FilteredSemiCRF": """
+[model]
+@architectures = "spacy-fsemicrf.FilteredSemiCRF.v1"
+transitions = false
+null_weight = 0.75
+boundary_smoothing = 0.2
+""" + _SPAN_SCORER + _TOK2VEC,
+    "SemiCRF": """
+[model]
+@architectures = "spacy-fsemicrf.SemiCRF.v1"
+transitions = true
+""" + _SPAN_SCORER + _TOK2VEC,
+    "LinearCRF": """
+[model]
+@architectures = "spacy-fsemicrf.LinearCRF.v1"
+max_width = 10
+hidden_width = 128
+scheme = "BIO"
+dropout = 0.1
+context_depth = 0
+word_pool = true
+mixed_precision = false
+grad_scaler = null
+""" + _TOK2VEC,
+}
+DEFAULT_MODELS: Dict[str, Config] = {
+    arch: Config().from_str(text)["model"] for arch, text in _MODEL_CONFIGS.items()
+}
+"""The default model block of each head, by architecture name."""
+DEFAULT_MODEL = DEFAULT_MODELS["FilteredSemiCRF"]
 
 
 @Language.factory(
@@ -117,10 +147,13 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.model = model
         self.name = name
         self.scorer = scorer
-        self.cfg: Dict[str, Any] = {"labels": [], "spans_key": spans_key}
-        # Held here, not in cfg or the head's attrs, which are saved with the weights and
-        # would override on loading a margin given in the config (spacy.load(..., config=...));
-        # predict copies it to the head's attrs on every call.
+        self.cfg: Dict[str, Any] = {"labels": []}
+        # Prediction-time settings are attributes, not cfg entries: cfg is saved with the
+        # weights and would override on loading the values given in the config
+        # (spacy.load(..., config=...)), which the factory passes here.
+        if not isinstance(spans_key, str) or not spans_key:
+            raise ValueError(f"spans_key must be a non-empty string, got {spans_key!r}")
+        self._spans_key = spans_key
         self._filter_margin = 0.0
         self.filter_margin = filter_margin
         self.n_wide_dropped = 0
@@ -139,7 +172,14 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     @property
     def spans_key(self) -> str:
-        return str(self.cfg["spans_key"])
+        """The ``doc.spans`` key of the predicted entities (a prediction-time setting)."""
+        return self._spans_key
+
+    @property
+    def torch_head(self) -> "torch.nn.Module":
+        """The PyTorch head (a ``spacy_fsemicrf.structured.heads`` module), for diagnostics
+        and research use; a placeholder module before the component is initialized."""
+        return model_torch_head(self.model)
 
     @property
     def max_width(self) -> int:
@@ -158,7 +198,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if margin and self.model.attrs.get("arch") != "FilteredSemiCRF":
             raise ValueError(
                 f"filter_margin={margin} needs the filtered semi-CRF head "
-                f"(spacy-fsemicrf.FilteredSemiCRF.v1 to .v4): the {self.model.attrs.get('arch')} head "
+                f"(spacy-fsemicrf.FilteredSemiCRF.v1): the {self.model.attrs.get('arch')} head "
                 f"does not filter spans. Leave it at 0."
             )
         self._filter_margin = float(margin)
@@ -169,8 +209,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         return bool(self.model.attrs.get("span_head", True))
 
     def add_label(self, label: str) -> int:
-        if not isinstance(label, str):
-            raise ValueError(f"Labels must be strings, got {label!r}")
+        check_labels([label], self.name)
         if label in self.labels:
             return 0
         if model_is_initialized(self.model):
@@ -196,6 +235,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """Set the labels (``labels`` or every entity label in the examples, sorted), report
         gold entities wider than ``max_width`` and build the model."""
         validate_get_examples(get_examples, "FSemiCRFEntityRecognizer.initialize")
+        if labels is not None:
+            labels = check_labels(labels, self.name)
         sample: List[Doc] = []
         found = set()
         n_ents = n_wide = widest = 0
@@ -239,7 +280,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             )
         self.n_wide_dropped = self.widest_dropped = 0
         self.model.set_dim("nO", len(self.labels), force=True)
-        self.model.initialize(X=(sample, None))
+        self.model.initialize(X=ModelInput(sample))
 
     # Training ---------------------------------------------------------------------------------
 
@@ -265,7 +306,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if not any(len(doc) for doc, keep in zip(docs, mask) if keep):
             return losses
         set_dropout_rate(self.model, drop)
-        loss, backprop = self.model.begin_update((docs, gold, mask))
+        loss, backprop = self.model.begin_update(ModelInput(docs, gold, mask))
         backprop(1.0)
         if sgd is not None:
             self.finish_update(sgd)
@@ -327,7 +368,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         examples = list(examples)
         docs = [eg.predicted for eg in examples]
         gold, mask = self.get_gold(examples)
-        loss = self.model.predict((docs, gold, mask))
+        loss = self.model.predict(ModelInput(docs, gold, mask))
         return float(loss), 0.0
 
     # Prediction -------------------------------------------------------------------------------
@@ -338,8 +379,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         docs = list(docs)
         if not any(len(doc) for doc in docs):
             return numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32")
-        self.model.get_ref("head").attrs["filter_margin"] = self._filter_margin
-        spans, confs = self.model.predict((docs, None))
+        spans, confs = self.model.predict(ModelInput(docs, filter_margin=self._filter_margin))
         return numpy.asarray(spans, dtype="int64"), numpy.asarray(confs, dtype="float32")
 
     def set_annotations(self, docs: Iterable[Doc], spans_confs) -> None:
@@ -395,6 +435,20 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"The saved '{self.name}' model predicts {n_head} labels but its cfg lists "
                 f"{len(self.labels)} ({list(self.labels)}): the saved pipeline is inconsistent."
             )
+
+
+def check_labels(labels: Any, component: str) -> List[str]:
+    """``labels`` as a list of non-empty strings, or a ``ValueError`` saying what is wrong (a
+    single string would otherwise be read as its characters)."""
+    if isinstance(labels, str) or not isinstance(labels, (list, tuple)):
+        raise ValueError(
+            f"[{component}] labels must be a list of strings, got {labels!r}"
+            + (f" (did you mean [{labels!r}]?)" if isinstance(labels, str) else "")
+        )
+    for label in labels:
+        if not isinstance(label, str) or not label.strip():
+            raise ValueError(f"[{component}] every label must be a non-empty string, got {label!r}")
+    return list(labels)
 
 
 def set_entities(doc: Doc, predicted: List[Span]) -> None:

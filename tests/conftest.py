@@ -18,6 +18,7 @@ from spacy.tokens import DocBin  # noqa: E402
 from spacy.training import Example  # noqa: E402
 
 import spacy_fsemicrf  # noqa: E402,F401  (registrations)
+from spacy_fsemicrf.component import DEFAULT_MODELS  # noqa: E402
 
 TRAIN_DATA: List[Tuple[str, List[Tuple[int, int, str]]]] = [
     ("Apple is opening an office in London .", [(0, 5, "ORG"), (30, 36, "LOC")]),
@@ -60,7 +61,11 @@ def predicted_set(docs):
 
 
 def model_config(arch: str = "spacy-fsemicrf.FilteredSemiCRF.v1", **kwargs) -> Dict:
-    cfg = {"@architectures": arch, "tok2vec": dict(SMALL_TOK2VEC)}
+    """The component's default model block of ``arch`` on the small tok2vec, with ``kwargs``."""
+    name = arch.split(".")[1]  # "spacy-fsemicrf.SemiCRF.v1" -> "SemiCRF"
+    cfg = {k: v for k, v in DEFAULT_MODELS[name].items() if k != "tok2vec"}
+    assert cfg["@architectures"] == arch
+    cfg["tok2vec"] = dict(SMALL_TOK2VEC)
     cfg.update(kwargs)
     return cfg
 

@@ -6,11 +6,8 @@ import pytest
 import spacy
 from spacy.util import registry
 
-from spacy_fsemicrf.architectures import (
-    FILTERED_SEMICRF, FILTERED_SEMICRF_V2, FILTERED_SEMICRF_V3, FILTERED_SEMICRF_V4, LINEAR_CRF,
-    SEMICRF,
-)
-from spacy_fsemicrf.torch_bridge import length_groups
+from spacy_fsemicrf.architectures import FILTERED_SEMICRF, LINEAR_CRF, SEMICRF, ModelInput
+from spacy_fsemicrf.head_model import length_groups
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
     from .conftest import (
@@ -32,7 +29,8 @@ def _group(name):
 
 
 def test_registered_names_and_entry_points():
-    versions = ARCHS + [FILTERED_SEMICRF_V2, FILTERED_SEMICRF_V3, FILTERED_SEMICRF_V4]
+    versions = ARCHS
+    assert {n for n in _group("spacy_architectures") if "FilteredSemiCRF" in n} == {FILTERED_SEMICRF}
     for name in versions:
         assert registry.architectures.get(name) is not None
     assert registry.scorers.get("spacy-fsemicrf.ner_scorer.v1") is not None
@@ -69,7 +67,7 @@ def test_backprop_reaches_tok2vec(trained_arch):
     examples = make_examples(nlp)[:3]
     docs = [eg.predicted for eg in examples]
     gold, mask = ner.get_gold(examples)
-    loss, backprop = model.begin_update((docs, gold, mask))
+    loss, backprop = model.begin_update(ModelInput(docs, gold, mask))
     assert numpy.isfinite(loss) and loss >= 0
     backprop(1.0)
     tok2vec = model.get_ref("tok2vec")
@@ -84,7 +82,7 @@ def test_backprop_reaches_tok2vec(trained_arch):
         for name in node.param_names:
             if node.has_grad(name):
                 node.set_grad(name, node.ops.alloc(node.get_grad(name).shape))
-    for param in model.get_ref("head").shims[0]._model.parameters():
+    for param in ner.torch_head.parameters():
         param.grad = None
 
 
@@ -103,8 +101,11 @@ def test_batching_does_not_change_predictions(trained_arch):
         head.attrs["max_padded_tokens"] = old
     assert together_spans.tolist() == split_spans.tolist()
     numpy.testing.assert_allclose(together_conf, split_conf, rtol=1e-4, atol=1e-5)
-    one_by_one = [ner.predict([doc])[0] for doc in docs]
-    assert sum(len(s) for s in one_by_one) == len(together_spans)
+    one_by_one = [ner.predict([doc]) for doc in docs]
+    rows = [[i, *row[1:]] for i, (spans, _) in enumerate(one_by_one) for row in spans.tolist()]
+    assert rows == together_spans.tolist()
+    confs = numpy.concatenate([conf for _, conf in one_by_one])
+    numpy.testing.assert_allclose(confs, together_conf, rtol=1e-4, atol=1e-5)
     rows = together_spans.tolist()
     assert rows == sorted(rows, key=lambda r: (r[0], r[1]))
 
@@ -124,19 +125,21 @@ def test_model_bytes_round_trip(trained_arch):
 def test_empty_inputs():
     nlp, _ = _trained(FILTERED_SEMICRF, n_iter=1)
     model = nlp.get_pipe("fsemicrf_ner").model
-    spans, conf = model.predict(([], None))
+    spans, conf = model.predict(ModelInput([]))
     assert spans.shape == (0, 4) and conf.shape == (0,)
     docs = [nlp.make_doc(""), nlp.make_doc("")]
-    spans, conf = model.predict((docs, None))
+    spans, conf = model.predict(ModelInput(docs))
     assert spans.shape == (0, 4) and conf.shape == (0,)
-    loss, backprop = model.begin_update((docs, numpy.zeros((0, 4), dtype="int64")))
+    loss, backprop = model.begin_update(ModelInput(docs, numpy.zeros((0, 4), dtype="int64")))
     assert loss == 0.0
     backprop(1.0)
     docs = [nlp.make_doc(""), nlp.make_doc("Paris")]
     gold = numpy.asarray([[1, 0, 0, 1]])
-    loss, backprop = model.begin_update((docs, gold))
+    loss, backprop = model.begin_update(ModelInput(docs, gold))
     assert numpy.isfinite(loss) and loss > 0
     backprop(1.0)
+    with pytest.raises(TypeError, match="ModelInput"):
+        model.predict((docs, None))
 
 
 def test_length_groups():
@@ -177,95 +180,53 @@ def test_mixed_precision_config_runs_in_float32_on_cpu(caplog):
 
 
 @pytest.mark.parametrize("config_file", ["configs/fsemicrf_cnn.cfg", "configs/fsemicrf_trf.cfg"])
-def test_head_defaults_agree_everywhere(config_file):
-    """The head settings of the shipped configs, the component's default model, the registered
-    architecture and the PyTorch head have the same defaults (changing one means all), except
-    ``doc_vector``, ``word_pool`` (on in ``FilteredSemiCRF.v4``, off in the head, as in v1) and
-    ``boundary_smoothing`` (0.2 in v4, 0 in the head and v1)."""
-    import inspect
+def test_shipped_configs_use_the_default_head_settings(config_file):
+    """The shipped configs train the component's default head (only the tok2vec differs)."""
     from pathlib import Path
 
     from thinc.api import Config
 
-    from spacy_fsemicrf.architectures import build_filtered_semicrf_v4
     from spacy_fsemicrf.component import DEFAULT_MODEL
-    from spacy_fsemicrf.structured import FilteredSemiCRFHead
 
     root = Path(__file__).resolve().parents[1]
     shipped = Config().from_disk(root / config_file, interpolate=False)
     shipped = shipped["components"]["fsemicrf_ner"]["model"]
-
-    def head_settings(params):
-        return {k: v for k, v in params.items() if k not in ("@architectures", "tok2vec")}
-
-    def signature_defaults(fn):
-        return {k: p.default for k, p in inspect.signature(fn).parameters.items()
-                if p.default is not inspect.Parameter.empty}
-
-    component = head_settings(DEFAULT_MODEL)
-    assert head_settings(shipped) == component
-    assert shipped["@architectures"] == DEFAULT_MODEL["@architectures"] == FILTERED_SEMICRF_V4
-    assert {k: v for k, v in signature_defaults(build_filtered_semicrf_v4).items() if k in component} == component
-    head = {**signature_defaults(FilteredSemiCRFHead.__init__), "doc_vector": True, "word_pool": True,
-            "boundary_smoothing": 0.2}
-    assert {k: component[k] for k in head if k in component} == {k: v for k, v in head.items() if k in component}
+    assert {k: v for k, v in shipped.items() if k != "tok2vec"} == {
+        k: v for k, v in DEFAULT_MODEL.items() if k != "tok2vec"
+    }
 
 
-ON = {"doc_vector": True, "word_pool": True}
-V1_OFF = {"doc_vector": False, "word_pool": False, "boundary_smoothing": 0.0}
-
-
-def typed(values):
-    """``{key: (type, value)}``: so that ``True`` and ``1``, or ``0.0`` and ``False``, differ."""
-    return {k: (type(v), v) for k, v in values.items()}
-
-
-@pytest.mark.parametrize("name,options", [
-    (FILTERED_SEMICRF_V2, {"doc_vector": True}),
-    (FILTERED_SEMICRF_V3, ON),
-    (FILTERED_SEMICRF_V4, {**ON, "boundary_smoothing": 0.2}),
-])
-def test_later_filtered_semicrf_versions_are_v1_with_options_on(name, options):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_builders_have_no_hidden_defaults(arch):
+    """Every head setting comes from the config: the builders default only the mixed-precision
+    settings, as spaCy's own builders do for optional machinery."""
     import inspect
 
-    v1 = registry.architectures.get(FILTERED_SEMICRF)
-    v2 = registry.architectures.get(name)
-    p1, p2 = inspect.signature(v1).parameters, inspect.signature(v2).parameters
-    assert list(p1) == list(p2)
-    assert {k for k in p1 if p1[k].default != p2[k].default} == set(options)
-    assert typed({k: p2[k].default for k in options}) == typed(options)
-    assert typed({k: p1[k].default for k in options}) == typed({k: V1_OFF[k] for k in options})
-    # and it builds what it says, positional or keyword
-    from spacy.ml.models import build_hash_embed_cnn_tok2vec
-
-    tok2vec = build_hash_embed_cnn_tok2vec(
-        width=8, depth=1, embed_size=50, window_size=1, maxout_pieces=2, subword_features=False,
-        pretrained_vectors=None,
-    )
-    model = v2(tok2vec, 3, hidden_width=16)
-    assert typed({k: model.get_ref("head").attrs["head_kwargs"][k] for k in options}) == typed(options)
-    assert model.get_ref("head").attrs["head_kwargs"]["max_width"] == 3
+    params = inspect.signature(registry.architectures.get(arch)).parameters
+    defaulted = {k for k, p in params.items() if p.default is not inspect.Parameter.empty}
+    assert defaulted == {"mixed_precision", "grad_scaler"}
 
 
-def test_a_head_saved_before_an_option_existed_loads_with_its_default():
-    """Heads saved without a newer keyword (e.g. ``context_depth``) were built with its default."""
+def test_a_saved_head_with_other_settings_fails_to_load_with_the_differences():
     import srsly
     import torch
 
-    from spacy_fsemicrf.torch_bridge import _instantiate, deserialize_head, head_defaults, serialize_head
+    from spacy_fsemicrf.serialize import deserialize_head, instantiate_head, serialize_head
 
-    kwargs = {**head_defaults("FilteredSemiCRF"), "max_width": 3, "hidden_width": 8}
-    head = _instantiate("FilteredSemiCRF", kwargs, 6, 2)
-    msg = srsly.msgpack_loads(serialize_head(head))
-    for key in ("context_depth", "doc_vector"):
-        del msg["kwargs"][key]
+    kwargs = {"max_width": 3, "hidden_width": 8, "context_depth": 0}
+    head = instantiate_head("FilteredSemiCRF", kwargs, 6, 2)
+    data = serialize_head(head)
     spec = {"arch": "FilteredSemiCRF", "kwargs": kwargs}
-    loaded = deserialize_head(spec, None, srsly.msgpack_dumps(msg), torch.device("cpu"))
+    loaded = deserialize_head(spec, None, data, torch.device("cpu"))
     for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
-    with pytest.raises(ValueError, match="context_depth = 0"):
-        deserialize_head({**spec, "kwargs": {**kwargs, "context_depth": 1}}, None,
-                         srsly.msgpack_dumps(msg), torch.device("cpu"))
+    with pytest.raises(ValueError, match="context_depth = 0 \\(config: 1\\)"):
+        deserialize_head({**spec, "kwargs": {**kwargs, "context_depth": 1}}, None, data,
+                         torch.device("cpu"))
+    with pytest.raises(ValueError, match="architecture 'FilteredSemiCRF'"):
+        deserialize_head({**spec, "arch": "SemiCRF"}, None, data, torch.device("cpu"))
+    with pytest.raises(ValueError, match="not written by spacy-fsemicrf"):
+        deserialize_head(spec, None, srsly.msgpack_dumps([1, 2]), torch.device("cpu"))
 
 
 def test_word_ids_match_lower_case_forms_across_the_batch():

@@ -30,7 +30,7 @@ def test_add_pipe_with_defaults():
     assert ner.spans_key == "fsemicrf"
     assert ner.max_width == 10
     cfg = nlp.config["components"]["fsemicrf_ner"]
-    assert cfg["model"]["@architectures"] == "spacy-fsemicrf.FilteredSemiCRF.v4"
+    assert cfg["model"]["@architectures"] == "spacy-fsemicrf.FilteredSemiCRF.v1"
     assert cfg["model"]["doc_vector"] is True
     assert cfg["model"]["word_pool"] is True
     assert cfg["model"]["tok2vec"]["@architectures"] == "spacy.HashEmbedCNN.v2"
@@ -313,32 +313,42 @@ def test_word_pool_trains_saves_and_predicts_each_doc_as_alone(arch, tmp_path):
     assert predicted_set(spacy.load(tmp_path / "pipeline").pipe(texts)) == predicted_set(batched)
 
 
-@pytest.mark.parametrize("version,option", [("v1", "doc_vector"), ("v2", "word_pool")])
-def test_a_pipeline_saved_before_an_option_existed_still_loads(tmp_path, version, option):
-    """Pipelines saved before stop 17 name ``FilteredSemiCRF.v1`` and have no ``doc_vector`` in
-    their config, those of stop 17 name v2 and have no ``word_pool``: they load as trained,
-    without the option, although the component's default (v4) has it on."""
+def test_prediction_settings_given_at_load_are_honoured(trained_nlp, tmp_path):
+    """``spans_key`` and ``filter_margin`` given to ``spacy.load(..., config=...)`` win over
+    the saved ones (they are prediction-time settings, not weights)."""
+    trained_nlp.to_disk(tmp_path / "pipeline")
+    nlp = spacy.load(tmp_path / "pipeline",
+                     config={"components": {"fsemicrf_ner": {"spans_key": "people"}}})
+    assert nlp.get_pipe("fsemicrf_ner").spans_key == "people"
+    doc = nlp(TRAIN_DATA[1][0])
+    assert "people" in doc.spans and "fsemicrf" not in doc.spans
+    assert [(s.start, s.end, s.label_) for s in doc.spans["people"]] == [
+        (e.start, e.end, e.label_) for e in doc.ents
+    ]
+    assert spacy.load(tmp_path / "pipeline").get_pipe("fsemicrf_ner").spans_key == "fsemicrf"
+
+
+@pytest.mark.parametrize("labels,message", [
+    ("PER", "list of strings.*did you mean \\['PER'\\]"),
+    (["LOC", ""], "non-empty string"),
+    (["LOC", 3], "non-empty string"),
+])
+def test_bad_labels_are_refused(labels, message):
     nlp = spacy.blank("en")
-    off = {"doc_vector": False, "word_pool": False} if version == "v1" else {"word_pool": False}
-    off["boundary_smoothing"] = 0.0  # as every pipeline of those stops was trained
-    nlp.add_pipe("fsemicrf_ner", config={"model": off})
-    losses = train_pipeline(nlp, make_examples(nlp), n_iter=40)
-    assert losses[-1] < 0.05 * losses[0]
-    texts = [text for text, _ in TRAIN_DATA]
-    assert predicted_set(nlp.pipe(texts)) == gold_set(nlp)
-    nlp.to_disk(tmp_path / "pipeline")
-    config_path = tmp_path / "pipeline" / "config.cfg"
-    lines = config_path.read_text().splitlines(keepends=True)
-    newer = ("doc_vector", "word_pool") if version == "v1" else ("word_pool",)
-    assert all(f"{key} = false\n" in lines for key in newer)
-    old = "".join(line for line in lines if not line.startswith(newer))
-    config_path.write_text(old.replace("FilteredSemiCRF.v4", f"FilteredSemiCRF.{version}"))
-    nlp2 = spacy.load(tmp_path / "pipeline")
-    model = nlp2.get_pipe("fsemicrf_ner").model
-    head = model.get_ref("head").shims[0]._model
-    assert head.word_pool.proj is None and not model.attrs["word_pool"]
-    assert (head.scorer.featurizer.doc_proj is None) == (version == "v1")
-    assert predicted_set(nlp2.pipe(texts)) == gold_set(nlp)
+    ner = nlp.add_pipe("fsemicrf_ner")
+    with pytest.raises(ValueError, match=message):
+        ner.initialize(lambda: make_examples(nlp), nlp=nlp, labels=labels)
+    with pytest.raises(ValueError, match="non-empty string"):
+        ner.add_label(" ")
+
+
+def test_torch_head_is_the_module_that_predicts(trained_nlp):
+    import torch
+
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    head = ner.torch_head
+    assert isinstance(head, torch.nn.Module) and type(head).__name__ == "FilteredSemiCRFHead"
+    assert head is ner.model.get_ref("head").shims[0]._model
 
 
 def test_uninitialized_pipeline_round_trip(tmp_path):

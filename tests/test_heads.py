@@ -121,7 +121,7 @@ def test_filtered_head_predicts_long_documents_in_blocks(
 
 
 @pytest.mark.parametrize("span_repr,span_norm,doc_vector,word_pool", SCORER_SETTINGS)
-@pytest.mark.parametrize("name", sorted(set(HEADS) - {"crf"}))
+@pytest.mark.parametrize("name", sorted(set(HEADS) - {"LinearCRF"}))
 def test_span_scores_ignore_padding_when_spans_read_their_neighbours(
     name, span_repr, span_norm, doc_vector, word_pool
 ):
@@ -272,7 +272,7 @@ def test_filtered_head_validates_its_arguments():
         head(torch.randn(1, 5, D), torch.tensor([5]), torch.tensor([[0, 0, 3, 1]]))
 
 
-@pytest.mark.parametrize("name", ["filtered", "semicrf"])
+@pytest.mark.parametrize("name", ["FilteredSemiCRF", "SemiCRF"])
 def test_deeper_span_scorer_trains_every_layer(name):
     torch.manual_seed(0)
     head = HEADS[name](D, M, max_width=3, hidden_depth=3)

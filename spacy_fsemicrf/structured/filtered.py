@@ -12,7 +12,7 @@ indices in grid order, with their scores and labels) and a *compacted* copy of i
 (:mod:`.compaction`): clusters of pairwise overlapping nodes (cliques) and other small
 clusters are solved exactly on the host; log Z stays differentiable there through its
 gradient, the node marginals. The remaining rows (larger clusters, or whole documents when
-there are transitions) get the position scan of DESIGN.md §2, with the tokens that no node
+there are transitions) get the position scan of docs/algorithm.md, with the tokens that no node
 covers dropped: the graph only depends on the order of node boundaries, which dropping
 uncovered tokens preserves, and then the predecessors of a node starting at ``s`` all end in
 ``[s - 2K + 1, s - 1]``, so each step reads a window of ``2K - 1`` ends, not the prefix.
@@ -172,7 +172,7 @@ def inference_node_set(
 def training_nodes(
     local_scores: torch.Tensor, lengths: torch.Tensor, gold_grid: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Filtering under the gold-path constraint (DESIGN.md §2.5).
+    """Filtering under the gold-path constraint (docs/algorithm.md, "Training").
 
     Nodes are the gold spans with their gold labels, plus the spans with a non-null local label
     that are not gold and overlap some gold span. Each extra node overlaps a gold span, so the
@@ -187,7 +187,7 @@ def training_nodes(
 
 
 def start_bound(node_mask: torch.Tensor) -> torch.Tensor:
-    """``P(s)`` of DESIGN.md §2 for ``s = 0..L``: ``LongTensor[B, L + 1]``.
+    """``P(s)`` of docs/algorithm.md for ``s = 0..L``: ``LongTensor[B, L + 1]``.
 
     ``P(s)`` is the largest start of a node ending before ``s`` (-1 if none). The predecessors
     of a node starting at ``s`` are the nodes ending in ``[P(s), s - 1]`` (and START when
@@ -239,7 +239,7 @@ def _scan(
     viterbi: bool,
     keep_alpha: bool = False,
 ) -> _ScanResult:
-    """Position scan of DESIGN.md §2 over compacted, right-aligned rows ``[N, Lc, K]``.
+    """Position scan of docs/algorithm.md over compacted, right-aligned rows ``[N, Lc, K]``.
 
     ``A[e, l]`` (⊕ of the alphas of nodes ending at ``e`` with label ``l``) is built by pushing
     each new alpha into a ``pending`` buffer indexed by end offset, so no tensor is written in

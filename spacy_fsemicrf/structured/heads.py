@@ -396,8 +396,8 @@ class LinearCRFHead(nn.Module):
 
 
 HEADS = {
-    "filtered": FilteredSemiCRFHead,
-    "semicrf": SemiCRFHead,
-    "crf": LinearCRFHead,
+    "FilteredSemiCRF": FilteredSemiCRFHead,
+    "SemiCRF": SemiCRFHead,
+    "LinearCRF": LinearCRFHead,
 }
-"""Head classes by short name."""
+"""Head classes by architecture name (``spacy-fsemicrf.<name>.v1`` in a spaCy config)."""

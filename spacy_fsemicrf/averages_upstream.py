@@ -7,7 +7,7 @@ none, and leaves the live weights in place. A spaCy pipeline trained with
 ``use_averages = true`` therefore evaluates and saves a PyTorch component with its last
 weights (next to an averaged tok2vec). Needs only thinc and torch:
 
-    python docs/upstream/thinc_pytorch_shim_averages.py
+    python -m spacy_fsemicrf.averages_upstream
 
 Prints the largest difference between the weights seen inside ``use_params(averages)`` and the
 averages themselves: 0 if the averages are applied.

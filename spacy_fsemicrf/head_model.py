@@ -1,0 +1,276 @@
+"""The Thinc node that wraps a PyTorch head of :mod:`spacy_fsemicrf.structured.heads`.
+
+A head is a ``torch.nn.Module`` whose ``forward(X [B, L, D], lengths [B], gold=None)`` returns the
+training loss (``gold`` given) or the decoded ``(spans [N, 4], confidences [N])``. The Thinc node
+holds it in a :class:`~.averages.HeadShim` (a :class:`thinc.api.PyTorchShim`):
+
+* its input is a :class:`HeadInput`; the token vectors are copied once into a zero-padded
+  ``[B, L, D]`` array handed to PyTorch without another copy (``xp2torch``), and the gradient
+  comes back as views of the padded gradient, one ``[n_i, D]`` block per document;
+* the number of labels is only known when the pipeline is initialized, so the shim starts with an
+  empty placeholder module and :func:`build_head` puts the real head in at initialization;
+* the shim's bytes describe the head next to its weights (:mod:`.serialize`).
+
+Nothing here picks a device: tensors go to the shim's device, which follows Thinc's current ops
+(``--gpu-id 0`` gives CUDA) or the parameters of the loaded head.
+"""
+import logging
+from functools import partial
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy
+import torch
+from thinc.api import ArgsKwargs, Model, get_torch_default_device, torch2xp, xp2torch
+from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+from thinc.types import Floats2d, Ints1d, Ints2d
+
+from .averages import HeadShim
+from .serialize import UninitializedHead, deserialize_head, instantiate_head, serialize_head
+from .structured.heads import HEADS
+
+logger = logging.getLogger("spacy_fsemicrf")
+
+Decoded = Tuple[numpy.ndarray, numpy.ndarray]
+
+MAX_PADDED_TOKENS = 2**15
+"""Prediction splits a batch into groups of documents of similar length so that no group pads to
+more than this many token rows (a single longer document forms a group of its own). Training
+always runs the whole batch in one call."""
+
+# A prediction group also closes when the next document is shorter than this fraction of the
+# group's longest: the span features cost per padded position, and padding a batch of CoNLL
+# documents (50 to 400 tokens) to its longest wastes more time than a few extra head calls.
+MIN_LENGTH_RATIO = 0.7
+
+
+class HeadInput(NamedTuple):
+    """What the head node takes.
+
+    Xs: the token vectors of each document (``[n_i, D]``).
+    gold: ``None`` to predict, else rows ``(doc, start, end_inclusive, label 1..M)``.
+    mask: optional, one bool per document; ``False`` leaves the document out of the loss.
+    words: the tokens' word ids (one int array per document), for a head with ``word_pool``.
+    filter_margin: prediction-time margin of the filtered head (log-odds).
+    """
+
+    Xs: List[Floats2d]
+    gold: Optional[Ints2d] = None
+    mask: Optional[numpy.ndarray] = None
+    words: Optional[List[Ints1d]] = None
+    filter_margin: float = 0.0
+
+
+def make_head_model(
+    arch: str,
+    head_kwargs: Dict[str, Any],
+    *,
+    mixed_precision: bool,
+    grad_scaler: Optional[Dict[str, Any]],
+) -> Model[HeadInput, Any]:
+    """Create the Thinc node that wraps the (not yet built) PyTorch head of ``arch``."""
+    if arch not in HEADS:
+        raise ValueError(f"Unknown head {arch!r}; expected one of {sorted(HEADS)}")
+    if mixed_precision and get_torch_default_device().type != "cuda":
+        # Autocast and Thinc's gradient scaler only work on CUDA: a config with
+        # mixed_precision = true still trains and predicts on the CPU, in float32.
+        logger.warning("mixed_precision needs a CUDA device (use --gpu-id): running in float32")
+        mixed_precision = False
+    if isinstance(grad_scaler, PyTorchGradScaler):
+        scaler = grad_scaler
+    else:
+        scaler = PyTorchGradScaler(enabled=mixed_precision, **dict(grad_scaler or {}))
+    shim = HeadShim(
+        UninitializedHead(),
+        mixed_precision=mixed_precision,
+        grad_scaler=scaler,
+        serialize_model=serialize_head,
+        deserialize_model=partial(deserialize_head, {"arch": arch, "kwargs": dict(head_kwargs)}),
+    )
+    return Model(
+        f"fsemicrf_head_{arch}",
+        head_forward,
+        shims=[shim],
+        attrs={"head_arch": arch, "head_kwargs": dict(head_kwargs),
+               "max_padded_tokens": MAX_PADDED_TOKENS},
+        dims={"nI": None, "nO": None},
+    )
+
+
+def torch_head(head_model: Model) -> torch.nn.Module:
+    """The PyTorch module inside the head node (a placeholder before initialization)."""
+    return head_model.shims[0]._model
+
+
+def is_initialized(head_model: Model) -> bool:
+    return not isinstance(torch_head(head_model), UninitializedHead)
+
+
+def build_head(head_model: Model, input_width: int, n_labels: int) -> None:
+    """Build the PyTorch head for ``n_labels`` entity types over ``input_width``-wide vectors
+    and put it into the shim (on the shim's device)."""
+    shim = head_model.shims[0]
+    device = shim.device
+    head = instantiate_head(head_model.attrs["head_arch"], head_model.attrs["head_kwargs"],
+                            int(input_width), int(n_labels))
+    shim._model = head.to(device)
+    head_model.set_dim("nI", int(input_width), force=True)
+    head_model.set_dim("nO", int(n_labels), force=True)
+
+
+# Forward pass -------------------------------------------------------------------------------
+
+
+def head_forward(model: Model, inputs: HeadInput, is_train: bool) -> Tuple[Any, Callable]:
+    """Without gold: ``(spans int64[N, 4], confidences float32[N])`` as numpy arrays (rows
+    ``doc, start, end_inclusive, label 1..M`` sorted by doc and start). With gold: the summed
+    loss as a float, whose backprop takes ``d_loss`` and returns the gradient of ``Xs``."""
+    if not is_initialized(model):
+        raise ValueError(
+            "The fsemicrf_ner model has not been initialized: call nlp.initialize() "
+            "(or train the pipeline) before using it."
+        )
+    lengths = numpy.asarray([x.shape[0] for x in inputs.Xs], dtype="int64")
+    if inputs.gold is None:
+        if is_train:
+            raise ValueError("Training the fsemicrf_ner model needs gold spans.")
+        return _predict(model, inputs, lengths), _no_backprop
+    if inputs.mask is not None:
+        lengths = numpy.where(numpy.asarray(inputs.mask, dtype=bool), lengths, 0)
+    return _loss(model, inputs, lengths, is_train)
+
+
+def _no_backprop(dY: Any) -> None:
+    raise ValueError("Prediction output of the fsemicrf_ner model has no gradient.")
+
+
+def _pad(model: Model, Xs: Sequence[Floats2d], lengths: numpy.ndarray):
+    """One copy of the token vectors into a zero-padded ``[B, max(1, L), D]`` array."""
+    width = model.get_dim("nI")
+    for x in Xs:
+        if x.shape[0] and x.shape[1] != width:
+            raise ValueError(
+                f"The tok2vec layer produced vectors of width {x.shape[1]} but the fsemicrf_ner "
+                f"head was built for width {width}."
+            )
+    max_len = max(1, int(lengths.max()) if len(lengths) else 1)
+    padded = model.ops.alloc3f(len(Xs), max_len, width)
+    for i, x in enumerate(Xs):
+        if lengths[i]:
+            padded[i, : lengths[i]] = x[: lengths[i]]
+    return padded
+
+
+def _pad_words(words: Sequence, lengths: numpy.ndarray, max_len: int) -> numpy.ndarray:
+    """The word ids in a ``[B, max_len]`` int64 array (0 at padding, which no head reads)."""
+    padded = numpy.zeros((len(words), max_len), dtype="int64")
+    for i, w in enumerate(words):
+        n = int(lengths[i])
+        if n:
+            padded[i, :n] = numpy.asarray(w[:n], dtype="int64")
+    return padded
+
+
+def _to_torch_args(
+    model: Model, inputs: HeadInput, lengths: numpy.ndarray, is_train: bool
+) -> ArgsKwargs:
+    device = model.shims[0].device
+    padded = _pad(model, inputs.Xs, lengths)
+    Xt = xp2torch(padded, requires_grad=is_train, device=device)
+    lengths_t = torch.as_tensor(lengths, dtype=torch.long).to(device)
+    kwargs: Dict[str, Any] = {}
+    if inputs.words is not None:
+        words = _pad_words(inputs.words, lengths, padded.shape[1])
+        kwargs["words"] = torch.as_tensor(words).to(device)
+    if inputs.gold is not None:
+        gold = inputs.gold
+        gold_np = gold if isinstance(gold, numpy.ndarray) else model.ops.to_numpy(gold)
+        gold_np = numpy.asarray(gold_np, dtype="int64").reshape(-1, 4)
+        kwargs["gold"] = torch.as_tensor(gold_np, dtype=torch.long).to(device)
+    elif inputs.filter_margin:
+        kwargs["filter_margin"] = float(inputs.filter_margin)
+    return ArgsKwargs(args=(Xt, lengths_t), kwargs=kwargs)
+
+
+def _loss(model: Model, inputs: HeadInput, lengths: numpy.ndarray, is_train: bool):
+    ops = model.ops
+    Xs = inputs.Xs
+    if len(Xs) == 0 or int(lengths.sum()) == 0:
+        # Nothing to score (empty batch, empty documents): zero loss, zero gradient.
+        def backprop_empty(d_loss: float) -> List[Floats2d]:
+            return [ops.alloc2f(*x.shape) for x in Xs]
+
+        return 0.0, backprop_empty
+    args = _to_torch_args(model, inputs, lengths, is_train)
+    loss_t, torch_backprop = model.shims[0](args, is_train)
+    # Shape [1], not []: Thinc's gradient scaler (mixed precision) multiplies the gradient in
+    # place by its [1]-shaped scale, which a 0-d tensor cannot hold.
+    loss_t = loss_t.reshape(1)
+    loss = float(loss_t.detach().float().cpu())
+
+    def backprop(d_loss: float) -> List[Floats2d]:
+        d_loss_t = loss_t.detach().new_full((1,), float(d_loss))
+        grads = ArgsKwargs(args=((loss_t,),), kwargs={"grad_tensors": (d_loss_t,)})
+        dXt = torch_backprop(grads).args[0]
+        if dXt is None:
+            return [ops.alloc2f(*x.shape) for x in Xs]
+        dX = torch2xp(dXt)
+        out = []
+        for i, x in enumerate(Xs):
+            n = int(lengths[i])
+            out.append(dX[i, :n] if n == x.shape[0] and n else ops.alloc2f(*x.shape))
+        return out
+
+    return loss, backprop
+
+
+def length_groups(
+    lengths: numpy.ndarray, max_padded: int, min_ratio: float = MIN_LENGTH_RATIO
+) -> List[numpy.ndarray]:
+    """Split document indices into groups of similar length, longest first, so that each
+    group's padded size ``len(group) * max_length`` stays within ``max_padded`` (a longer
+    document forms its own group) and no document is shorter than ``min_ratio`` times its
+    group's longest. Empty documents are left out."""
+    order = numpy.argsort(-lengths, kind="stable")
+    groups: List[List[int]] = []
+    current: List[int] = []
+    current_max = 0
+    for i in order:
+        n = int(lengths[i])
+        if n == 0:
+            break
+        if current and ((len(current) + 1) * current_max > max_padded or n < min_ratio * current_max):
+            groups.append(current)
+            current = []
+        if not current:
+            current_max = n
+        current.append(int(i))
+    if current:
+        groups.append(current)
+    return [numpy.asarray(g, dtype="int64") for g in groups]
+
+
+def _predict(model: Model, inputs: HeadInput, lengths: numpy.ndarray) -> Decoded:
+    shim = model.shims[0]
+    all_spans = []
+    all_confs = []
+    for group in length_groups(lengths, int(model.attrs["max_padded_tokens"])):
+        words = None if inputs.words is None else [inputs.words[i] for i in group]
+        sub = HeadInput([inputs.Xs[i] for i in group], words=words,
+                        filter_margin=inputs.filter_margin)
+        spans_t, confs_t = shim.predict(_to_torch_args(model, sub, lengths[group], False))
+        spans = spans_t.detach().to("cpu", torch.long).numpy()
+        confs = confs_t.detach().to("cpu", torch.float32).numpy()
+        if spans.shape[0]:
+            spans = spans.copy()
+            spans[:, 0] = group[spans[:, 0]]
+        all_spans.append(spans.reshape(-1, 4))
+        all_confs.append(confs.reshape(-1))
+    if not all_spans:
+        return numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32")
+    spans = numpy.concatenate(all_spans, axis=0)
+    confs = numpy.concatenate(all_confs, axis=0)
+    if spans.shape[0]:
+        # The groups run longest documents first: restore (doc, start) order.
+        order = numpy.lexsort((spans[:, 1], spans[:, 0]))
+        spans, confs = spans[order], confs[order]
+    return spans, confs
