@@ -14,7 +14,7 @@ Timings are medians over rounds, measured interleaved (head by head within each 
 process, single-threaded unless ``--threads`` says otherwise: in each round a head runs each
 task a few times in a row, the first call timed *cold* (right after another head's work) and
 the rest *warm* (the steady state of decoding batch after batch). Prints a Markdown table and
-writes JSON.
+writes it next to the JSON (``--output X.json`` gives ``X.md`` too).
 """
 import argparse
 import json
@@ -298,8 +298,10 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"meta": meta, "rows": rows, "memory": memory}, indent=2))
-    print(markdown(rows, memory, meta))
+    args.output.write_text(json.dumps({"meta": meta, "rows": rows, "memory": memory}, indent=2) + "\n")
+    table = markdown(rows, memory, meta)
+    args.output.with_suffix(".md").write_text(table + "\n")
+    print(table)
 
 
 def markdown(rows, memory, meta) -> str:
