@@ -47,19 +47,8 @@ import time  # noqa: E402
 from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 import spacy  # noqa: E402
 from spacy.tokens import Doc, DocBin  # noqa: E402
-
-try:  # registrations of the fsemicrf_ner component, if the package is there
-    import spacy_fsemicrf  # noqa: F401,E402
-except ImportError as _err:  # pragma: no cover
-    if "spacy_fsemicrf" not in str(_err):
-        raise
 
 DEFAULT_MODELS = ["fsemicrf", "semicrf", "crf", "ner", "spancat", "fsemicrf-trf", "ner-trf"]
 SPAN_FACTORIES = {"spancat", "spancat_singlelabel"}

@@ -7,10 +7,9 @@ exact count of valid spans, sum_i min(K, L - i), is recorded too).
 
     python scripts/kept_nodes.py --model training/fsemicrf/model-best
 
-The head sees the token vectors through a forward pre-hook on the PyTorch head module (found
-through the component's Thinc model: `model.get_ref("head").shims[0]._model`), so the count uses
-exactly the inputs of normal inference. Documents are processed one at a time, so each hook call
-belongs to one known document. The documents keep the gold tokens of the test corpus (as spaCy's
+The head sees the token vectors through a forward pre-hook on the PyTorch head module (the
+component's `torch_head`), so the count uses exactly the inputs of normal inference. Documents
+are processed one at a time, so each hook call belongs to one known document. The documents keep the gold tokens of the test corpus (as spaCy's
 Corpus reader does for these docs in training and evaluation). Writes OUTPUT/kept_nodes.{json,md,png}.
 """
 from __future__ import annotations
@@ -26,31 +25,20 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 import spacy  # noqa: E402
 import torch  # noqa: E402
 from spacy.tokens import Doc, DocBin  # noqa: E402
 
-import spacy_fsemicrf  # noqa: F401,E402
-
 
 def find_head(nlp, component=None):
+    """``(name, head)``: the first ``fsemicrf_ner`` component (or ``component``) whose PyTorch
+    head is a filtered semi-CRF (the one that counts its nodes)."""
     names = [component] if component else [
         n for n in nlp.pipe_names if nlp.get_pipe_meta(n).factory == "fsemicrf_ner"]
     for name in names:
-        model = nlp.get_pipe(name).model
-        cands = []
-        if model.has_ref("head"):
-            cands.append(model.get_ref("head"))
-        cands.extend(model.walk())
-        for node in cands:
-            for shim in node.shims:
-                head = getattr(shim, "_model", None)
-                if head is not None and hasattr(head, "count_nodes"):
-                    return name, head
+        head = nlp.get_pipe(name).torch_head
+        if hasattr(head, "count_nodes"):
+            return name, head
     sys.exit("no fsemicrf_ner component with a FilteredSemiCRFHead (count_nodes) in this pipeline")
 
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 
 from repo import ROOT  # first: it puts the product scripts on the path
 from error_types import width_bucket  # noqa: E402
-from kept_nodes import find_head  # noqa: E402  (sets one thread, imports the package)
+from kept_nodes import find_head  # noqa: E402  (sets one thread)
 
 import spacy  # noqa: E402
 import torch  # noqa: E402
