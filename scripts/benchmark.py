@@ -50,7 +50,8 @@ from pathlib import Path  # noqa: E402
 import spacy  # noqa: E402
 from spacy.tokens import Doc, DocBin  # noqa: E402
 
-DEFAULT_MODELS = ["fsemicrf", "semicrf", "crf", "ner", "spancat", "fsemicrf-trf", "ner-trf"]
+DEFAULT_MODELS = ["fsemicrf", "semicrf", "crf", "ner", "spancat",
+                  "fsemicrf-trf", "semicrf-trf", "crf-trf", "ner-trf"]
 SPAN_FACTORIES = {"spancat", "spancat_singlelabel"}
 ENCODER_COMPONENTS = ("tok2vec", "transformer")
 
@@ -161,6 +162,26 @@ def time_pipe(nlp, inputs, batch_size, enable=None):
     return time.perf_counter() - t0
 
 
+def reset_gpu_peak(gpu_id: int) -> int:
+    """Start a peak-memory measurement: the PyTorch GPU memory allocated now (0 on the CPU)."""
+    if gpu_id < 0:
+        return 0
+    import torch
+
+    torch.cuda.synchronize(gpu_id)
+    torch.cuda.reset_peak_memory_stats(gpu_id)
+    return torch.cuda.memory_allocated(gpu_id)
+
+
+def gpu_peak_mb(gpu_id: int, start: int):
+    """Peak PyTorch GPU memory (MB) above ``start`` since the reset; None on the CPU."""
+    if gpu_id < 0:
+        return None
+    import torch
+
+    return round((torch.cuda.max_memory_allocated(gpu_id) - start) / 2**20, 1)
+
+
 def machine_info(threads, batch_size, repeats, gpu_id):
     info = {"python": platform.python_version(), "spacy": spacy.__version__,
             "platform": platform.platform(), "threads": threads, "batch_size": batch_size,
@@ -209,8 +230,9 @@ def write_markdown(res, path: Path):
         "",
         "## Accuracy (exact-match entities) and training",
         "",
-        "| pipeline | test P | test R | test F1 | dev F1 (model-best) | best step / steps | time to best dev | train wall time |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| pipeline | test P | test R | test F1 | dev F1 (model-best) | best step / steps | time to best dev | train wall time |"
+        + (" peak GPU memory (weights + prediction) |" if m.get("gpu") else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if m.get("gpu") else ""),
     ]
     for name, r in res["pipelines"].items():
         a, t = r["accuracy"], r.get("training") or {}
@@ -218,7 +240,8 @@ def write_markdown(res, path: Path):
         lines.append(
             f"| {name} | {fmt(a['p'], scale=100)} | {fmt(a['r'], scale=100)} | **{fmt(a['f'], scale=100)}** "
             f"| {fmt(t.get('dev_f'), scale=100)} | {steps} | {secs(t.get('time_to_best_s'))} "
-            f"| {secs(t.get('wall_time_s'))} |")
+            f"| {secs(t.get('wall_time_s'))} |"
+            + (f" {fmt(r.get('gpu_peak_mb'), '.0f')} MB |" if m.get("gpu") else ""))
     labels = sorted({lab for r in res["pipelines"].values() for lab in r["accuracy"]["per_type"]})
     lines += ["", "## Test F1 per entity type", "",
               "| pipeline | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
@@ -292,6 +315,8 @@ def main(argv=None) -> None:
     p.add_argument("--reference", default="ner", help="speed reference for the relative column")
     p.add_argument("--raw-text", action="store_true",
                    help="feed raw texts (each pipeline's tokenizer) instead of the gold tokens")
+    p.add_argument("--if-trained", action="store_true",
+                   help="when none of the pipelines is trained, write nothing and succeed")
     args = p.parse_args(argv)
 
     set_threads(args.threads)
@@ -301,6 +326,9 @@ def main(argv=None) -> None:
     for name, path in missing:
         print(f"[benchmark] skipping {name}: {path} not found", flush=True)
     if not models:
+        if args.if_trained:
+            print("[benchmark] none of the pipelines is trained: nothing to do", flush=True)
+            return
         sys.exit("no trained pipeline found")
     gold = load_docs(args.test, args.limit)
     n_words = sum(len(d) for d in gold)
@@ -314,6 +342,7 @@ def main(argv=None) -> None:
     }
     nlps = {}
     for name, path in models:
+        gpu_start = reset_gpu_peak(args.gpu_id)  # the pipeline's weights count too
         t0 = time.perf_counter()
         nlp = spacy.load(path)
         load_s = time.perf_counter() - t0
@@ -329,6 +358,7 @@ def main(argv=None) -> None:
             "training": train_summary(name, path, args.output, args.training_dir),
             "load_s": round(load_s, 2),
             "first_pass_s": round(first_pass, 2),
+            "gpu_peak_mb": gpu_peak_mb(args.gpu_id, gpu_start),
         }
         print(f"[benchmark] {name:14s} test P {100 * acc['p']:.2f} R {100 * acc['r']:.2f} "
               f"F1 {100 * acc['f']:.2f}  ({first_pass:.1f}s)", flush=True)
