@@ -1,0 +1,35 @@
+"""Forked worker processes run PyTorch on one intra-op thread.
+
+PyTorch's CPU wheels parallelize with GNU OpenMP, whose thread pool does not survive ``fork``:
+once the parent process has run a parallel operation (any prediction with more than one thread),
+a forked child that enters a parallel region waits forever for threads that do not exist in it.
+``nlp.pipe(texts, n_process=N)`` forks its workers on Linux, so it hung after the parent had
+predicted. With one thread the child never enters the pool; that is also the right setting for
+N worker processes sharing N cores (PyTorch's own DataLoader workers do the same).
+
+Importing the package registers the handler (``spacy_fsemicrf/__init__.py``), so every process
+that can hold an ``fsemicrf_ner`` pipeline has it before it forks.
+"""
+import os
+
+import torch
+
+_registered = False
+
+
+def one_thread_in_child() -> None:
+    """Set PyTorch to one intra-op thread (run in the child right after ``fork``)."""
+    torch.set_num_threads(1)
+
+
+def register() -> None:
+    """Run :func:`one_thread_in_child` in every process forked from this one (once; a no-op on
+    platforms without ``fork``)."""
+    global _registered
+    if _registered or not hasattr(os, "register_at_fork"):
+        return
+    os.register_at_fork(after_in_child=one_thread_in_child)
+    _registered = True
+
+
+register()
