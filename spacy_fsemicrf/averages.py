@@ -7,6 +7,7 @@ pipeline evaluated and saved during training would pair an averaged ``tok2vec`` 
 last weights. :class:`HeadShim` reads the keys Thinc actually writes. The reproduction for the
 upstream report is :mod:`spacy_fsemicrf.averages_upstream` (``python -m
 spacy_fsemicrf.averages_upstream``), the report text ``docs/upstream/thinc_pytorch_shim_averages.md``.
+The head's shim (:class:`~.head_model.HeadShim`) uses :func:`use_averaged_params`.
 """
 import contextlib
 from typing import Any, Dict, Iterator
@@ -35,9 +36,3 @@ def use_averaged_params(shim: PyTorchShim, params: Dict[Any, Any]) -> Iterator[N
     finally:
         for name, data in backup.items():
             parameters[name].data = data
-
-
-class HeadShim(PyTorchShim):
-    """The PyTorch shim of a head, whose ``use_params`` applies the optimizer's averages."""
-
-    use_params = use_averaged_params
