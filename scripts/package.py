@@ -1,0 +1,95 @@
+"""Write the wheels a deployment machine needs into OUTPUT_DIR: the model and spacy-fsemicrf.
+
+    python scripts/package.py MODEL_DIR OUTPUT_DIR --name NAME --version VERSION
+
+``spacy package`` builds the model wheel ``<lang>_<NAME>-<VERSION>-py3-none-any.whl``, which
+requires ``spacy-fsemicrf`` (the package that provides the ``fsemicrf_ner`` factory). That
+package is on no index, so its wheel is built from this repository and written beside the model
+wheel: ``pip install OUTPUT_DIR/*.whl`` then installs both (and fetches spaCy and the other
+public dependencies from the package index; install torch first, the build you want).
+
+Older wheels of the same two packages in OUTPUT_DIR are removed first, because pip refuses two
+versions of one package in a single install command.
+"""
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import List
+
+import srsly
+
+REPO = Path(__file__).resolve().parent.parent
+# What the spacy-fsemicrf wheel is built from (setup.cfg names the package data).
+SOURCE_FILES = ["setup.cfg", "pyproject.toml", "README.md", "LICENSE"]
+SOURCE_PACKAGE = "spacy_fsemicrf"
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir", type=Path, help="a trained pipeline directory (model-best)")
+    parser.add_argument("output_dir", type=Path, help="where the two wheels are written")
+    parser.add_argument("--name", required=True, help="package name without the language prefix")
+    parser.add_argument("--version", required=True, help="version of the model package")
+    return parser.parse_args(argv)
+
+
+def build_model_wheel(model_dir: Path, output_dir: Path, name: str, version: str) -> Path:
+    """``spacy package --build wheel`` in a scratch directory; the wheel moved to output_dir."""
+    lang = srsly.read_json(model_dir / "meta.json")["lang"]
+    remove_wheels(output_dir, f"{lang}_{name}")
+    with tempfile.TemporaryDirectory() as scratch:
+        run([sys.executable, "-m", "spacy", "package", str(model_dir), scratch,
+             "--name", name, "--version", version, "--build", "wheel", "--force"])
+        (wheel,) = Path(scratch).glob(f"*/dist/{lang}_{name}-*.whl")
+        return Path(shutil.move(str(wheel), output_dir / wheel.name))
+
+
+def build_package_wheel(output_dir: Path) -> Path:
+    """The spacy-fsemicrf wheel, built from a clean copy of the source: setuptools' in-tree
+    ``build/`` directory would keep modules deleted since the last build."""
+    remove_wheels(output_dir, "spacy_fsemicrf")
+    with tempfile.TemporaryDirectory() as scratch:
+        src = Path(scratch) / "src"
+        src.mkdir()
+        for name in SOURCE_FILES:
+            shutil.copy2(REPO / name, src / name)
+        shutil.copytree(REPO / SOURCE_PACKAGE, src / SOURCE_PACKAGE,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        dist = Path(scratch) / "dist"
+        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+             "--quiet", "--wheel-dir", str(dist), str(src)])
+        (wheel,) = dist.glob("spacy_fsemicrf-*.whl")
+        return Path(shutil.move(str(wheel), output_dir / wheel.name))
+
+
+def remove_wheels(output_dir: Path, dist_name: str) -> None:
+    for old in output_dir.glob(f"{dist_name}-*.whl"):
+        old.unlink()
+
+
+def run(cmd: List[str]) -> None:
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def main(argv: List[str]) -> int:
+    args = parse_args(argv)
+    if not (args.model_dir / "meta.json").is_file():
+        print(f"{args.model_dir} is not a trained pipeline directory (no meta.json)", file=sys.stderr)
+        return 1
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    wheels = [
+        build_model_wheel(args.model_dir, args.output_dir, args.name, args.version),
+        build_package_wheel(args.output_dir),
+    ]
+    for wheel in wheels:
+        print(f"wrote {wheel}")
+    print(f"install on the deployment machine (torch first): pip install {args.output_dir}/*.whl")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
