@@ -1,0 +1,423 @@
+"""Constraints: parsing and validation, the automaton against direct counting, and exact
+constrained decoding of the three heads against brute-force enumeration."""
+import math
+import random
+
+import numpy
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spacy_fsemicrf.structured import filtered, itemgraphs
+from spacy_fsemicrf.structured.constrained import (
+    crf_constrained,
+    filtered_constrained,
+    semicrf_constrained,
+)
+from spacy_fsemicrf.structured.constraints import (
+    MAX_STATES,
+    AtMost,
+    DocConstraints,
+    ForbidLabels,
+    ForceSpan,
+    Requires,
+    compile_constraints,
+    constraints_to_dicts,
+    padded_sentence_index,
+    parse_constraints,
+    satisfies,
+    sentence_index,
+)
+from spacy_fsemicrf.structured.lattice import lattice_search
+from spacy_fsemicrf.structured.linear_crf import crf_viterbi, tag_scheme
+from spacy_fsemicrf.structured.pathsearch import search
+from spacy_fsemicrf.structured.semicrf import semicrf_viterbi
+from spacy_fsemicrf.structured.spans import span_mask
+
+from .bruteforce_constraints import (
+    crf_reference,
+    filtered_reference,
+    plain_ok,
+    maybe_transitions,
+    random_constraints,
+    random_doc_constraints,
+    random_sentence_starts,
+    semicrf_reference,
+)
+
+LABELS = ["A", "B", "C"]
+TOL = 1e-9
+
+# ----------------------------------------------------------------------------- parsing
+
+
+EXAMPLES = [
+    {"kind": "at_most", "label": "A", "n": 1, "scope": "doc"},
+    {"kind": "exactly", "label": "B", "n": 0, "scope": "sentence"},
+    {"kind": "at_least", "label": "C", "n": 2, "scope": "doc"},
+    {"kind": "excludes", "label": "A", "other": "B", "scope": "sentence"},
+    {"kind": "requires", "label": "A", "other": "C", "scope": "doc"},
+    {"kind": "forbid_labels", "labels": ["A", "C"], "start": 2, "end": 4},
+    {"kind": "forbid_labels", "labels": None, "start": None, "end": None},
+    {"kind": "force_span", "start": 0, "end": 2, "label": "B"},
+]
+
+
+def test_dicts_round_trip():
+    parsed = parse_constraints(EXAMPLES)
+    assert constraints_to_dicts(parsed) == EXAMPLES
+    assert parse_constraints(constraints_to_dicts(parsed)) == parsed
+    # defaults: doc scope, every label, the whole document
+    short = parse_constraints(
+        [{"kind": "at_most", "label": "A", "n": 1}, {"kind": "forbid_labels"}]
+    )
+    assert short == (AtMost("A", 1, "doc"), ForbidLabels(None, None, None))
+    assert compile_constraints(parsed, LABELS).constraints == parsed
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ({"kind": "at_mots", "label": "A", "n": 1}, "unknown constraint kind"),
+        ({"label": "A", "n": 1}, "unknown constraint kind"),
+        ({"kind": "at_most", "label": "A"}, "at_most"),
+        ({"kind": "at_most", "label": "A", "n": 1, "count": 2}, "unknown key"),
+        ({"kind": "at_most", "label": "A", "n": -1}, "non-negative"),
+        ({"kind": "at_most", "label": "A", "n": 1.5}, "non-negative"),
+        ({"kind": "at_most", "label": "A", "n": True}, "non-negative"),
+        ({"kind": "exactly", "label": "", "n": 1}, "label"),
+        ({"kind": "at_most", "label": "A", "n": 1, "scope": "paragraph"}, "scope"),
+        ({"kind": "excludes", "label": "A", "other": "A"}, "two different labels"),
+        ({"kind": "requires", "label": "A"}, "requires"),
+        ({"kind": "forbid_labels", "labels": "A"}, "list of label names"),
+        ({"kind": "forbid_labels", "labels": []}, "at least one label"),
+        ({"kind": "forbid_labels", "start": 3, "end": 3}, "end must be after start"),
+        ({"kind": "forbid_labels", "start": -1}, "non-negative token offset"),
+        ({"kind": "force_span", "start": 2, "end": 1, "label": "A"}, "end must be after start"),
+        ({"kind": "force_span", "start": 0, "label": "A"}, "force_span"),
+        ("at_most A 1", "a dict"),
+    ],
+)
+def test_invalid_constraints(item, message):
+    with pytest.raises(ValueError, match=message):
+        parse_constraints([item])
+
+
+def test_invalid_against_labels():
+    with pytest.raises(ValueError, match="unknown label 'D'"):
+        compile_constraints([{"kind": "requires", "label": "A", "other": "D"}], LABELS)
+    with pytest.raises(ValueError, match="unknown label 'X'"):
+        compile_constraints([{"kind": "forbid_labels", "labels": ["X"]}], LABELS)
+    with pytest.raises(ValueError, match="a list"):
+        parse_constraints({"kind": "at_most", "label": "A", "n": 1})
+    many = [{"kind": "at_most", "label": x, "n": 9, "scope": "sentence"} for x in LABELS]
+    with pytest.raises(ValueError, match=f"more than {MAX_STATES} search states"):
+        compile_constraints(many, LABELS)
+
+
+# ----------------------------------------------------------------------------- automaton
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 10**6))
+def test_automaton_matches_counting(seed):
+    """satisfies() (the automaton, the masks' checks) agrees with direct counting on random
+    non-overlapping entity sets, for each constraint alone and for all together."""
+    rng = random.Random(seed)
+    labels = LABELS[: rng.randint(1, 3)]
+    length = rng.randint(0, 9)
+    constraints = random_constraints(rng, labels, length, rng.randint(1, 4), True)
+    starts = random_sentence_starts(rng, length)
+    spans, pos = [], 0
+    while pos < length:
+        if rng.random() < 0.4:
+            end = rng.randint(pos, min(length - 1, pos + 2))
+            spans.append((pos, end, rng.randint(1, len(labels))))
+            pos = end + 1
+        else:
+            pos += 1
+    for subset in [[c] for c in constraints] + [constraints]:
+        program = compile_constraints(subset, labels)
+        expected = plain_ok(subset, labels, spans, length, starts)
+        assert satisfies(program, spans, length, starts) == expected
+
+
+# ----------------------------------------------------------------------------- filtered
+
+
+def _filtered_problem(rng: random.Random):
+    B = rng.randint(1, 3)
+    L, K = rng.randint(1, 7), rng.randint(1, 4)
+    M = rng.randint(1, 3)
+    gen = torch.Generator().manual_seed(rng.randrange(10**6))
+    lengths = torch.randint(0, L + 1, (B,), generator=gen)
+    density = rng.uniform(0.1, 0.8)
+    mask = (torch.rand((B, L, K), generator=gen) < density) & span_mask(lengths, L, K)
+    index = mask.view(-1).nonzero().squeeze(1)
+    labels = torch.randint(1, M + 1, (index.numel(),), generator=gen)
+    scores = torch.randn((index.numel(),), generator=gen, dtype=torch.float64)
+    glob = torch.randn((B, L, K, M + 1), generator=gen, dtype=torch.float64)
+    T = maybe_transitions(rng, gen, M + 2)
+    return filtered.NodeSet(index, labels, scores, (B, L, K)), lengths, glob, T, LABELS[:M]
+
+
+def doc_rows(spans: torch.Tensor, b: int):
+    """Document b's rows of a ``(doc, start, end, label)`` tensor, as tuples."""
+    return [tuple(r[1:]) for r in spans.tolist() if r[0] == b]
+
+
+def _doc_nodes(nodes: filtered.NodeSet, b: int):
+    rows = nodes.spans()
+    mine = rows[:, 0] == b
+    return [
+        (int(s), int(e), int(c), float(x))
+        for (_, s, e, c), x in zip(rows[mine].tolist(), nodes.scores[mine].tolist())
+    ]
+
+
+def _path_score(spans, nodes_b, glob_b, T):
+    """Score of a path given by its spans (a forced span that is not a node reads glob)."""
+    by_span = {(s, e, c): x for s, e, c, x in nodes_b}
+    total = sum(by_span.get(sp, float(glob_b[sp[0], sp[1] - sp[0], sp[2]])) for sp in spans)
+    if T is not None and spans:
+        C = T.shape[0] - 1
+        labs = [C] + [sp[2] for sp in spans] + [C]
+        total += sum(float(T[a, b]) for a, b in zip(labs, labs[1:]))
+    return total
+
+
+@settings(max_examples=700, deadline=None)
+@given(st.integers(0, 10**6))
+def test_filtered_matches_enumeration(seed):
+    rng = random.Random(seed)
+    nodes, lengths, glob, T, labels = _filtered_problem(rng)
+    B, L, K = nodes.shape
+    docs, refs = [], []
+    for b in range(B):
+        length = int(lengths[b])
+        constraints, starts, doc = random_doc_constraints(rng, labels, length)
+        docs.append(doc)
+        force = lambda s, e, c, b=b: float(glob[b, s, e - s, c])  # noqa: E731
+        T_list = None if T is None else T.tolist()
+        ref = filtered_reference(
+            _doc_nodes(nodes, b), T_list, length, K, constraints, labels, starts, force
+        )
+        refs.append((constraints, starts, ref))
+    out = filtered_constrained(nodes, lengths, T, docs, global_scores=glob)
+    best, _ = filtered.decode_node_set(nodes, T, marginals=False)
+    viterbi = nodes.spans(best)
+    for b in range(B):
+        constraints, starts, ref = refs[b]
+        mine, plain = doc_rows(out.spans, b), doc_rows(viterbi, b)
+        report = out.reports[b]
+        if docs[b] is None:
+            assert report is None and mine == plain
+            continue
+        score = _path_score(mine, _doc_nodes(nodes, b), glob[b], T)
+        assert math.isclose(report.score, score, abs_tol=1e-9)
+        if ref is None:
+            assert report.status == "infeasible" and mine == plain
+            continue
+        drops, ref_score, _ = ref
+        assert report.status in ("satisfied", "optimal")
+        assert plain_ok(constraints, labels, mine, int(lengths[b]), starts)
+        assert report.dropped == drops
+        assert math.isclose(report.score, ref_score, abs_tol=TOL)
+        if report.status == "satisfied":
+            assert mine == plain and not report.searched
+
+
+def test_filtered_drops_only_when_needed():
+    """One isolated node per label: "at most one A" keeps the better A and drops the other,
+    and a constraint the best path already obeys changes nothing."""
+    # nodes: A [0,0] 2.0, A [2,2] 1.0, B [4,4] -5.0 (on every maximal path)
+    index = torch.tensor([0, 2 * 2, 4 * 2])  # grid [1, 5, 2]
+    scores = torch.tensor([2.0, 1.0, -5.0])
+    nodes = filtered.NodeSet(index, torch.tensor([1, 1, 2]), scores, (1, 5, 2))
+    lengths = torch.tensor([5])
+    program = compile_constraints([{"kind": "at_most", "label": "A", "n": 1}], ["A", "B"])
+    out = filtered_constrained(nodes, lengths, None, [DocConstraints(program)])
+    assert out.spans.tolist() == [[0, 0, 0, 1], [0, 4, 4, 2]]
+    assert out.node.tolist() == [0, 2]
+    assert out.reports[0].status == "optimal" and out.reports[0].dropped == 1
+    assert out.reports[0].score == pytest.approx(-3.0)
+    assert out.reports[0].unconstrained == pytest.approx(-2.0)
+    loose = compile_constraints([{"kind": "at_most", "label": "A", "n": 2}], ["A", "B"])
+    out = filtered_constrained(nodes, lengths, None, [DocConstraints(loose)])
+    assert out.reports[0].status == "satisfied" and len(out.spans) == 3
+    # exactly 3 As cannot be met: the unconstrained result stands
+    never = compile_constraints([{"kind": "exactly", "label": "A", "n": 3}], ["A", "B"])
+    out = filtered_constrained(nodes, lengths, None, [DocConstraints(never)])
+    assert out.reports[0].status == "infeasible" and len(out.spans) == 3
+
+
+def test_filtered_force_span_adds_a_node():
+    index = torch.tensor([0])  # A [0,0]
+    nodes = filtered.NodeSet(index, torch.tensor([1]), torch.tensor([1.0]), (1, 4, 2))
+    glob = torch.zeros((1, 4, 2, 3))
+    glob[0, 0, 1, 2] = 0.5  # B over tokens 0-1
+    program = compile_constraints([ForceSpan(0, 2, "B")], ["A", "B"])
+    lengths = torch.tensor([4])
+    out = filtered_constrained(nodes, lengths, None, [DocConstraints(program)], global_scores=glob)
+    assert out.spans.tolist() == [[0, 0, 1, 2]] and out.node.tolist() == [-1]
+    assert out.reports[0].status == "optimal" and out.reports[0].score == pytest.approx(0.5)
+    wide = compile_constraints([ForceSpan(0, 3, "B")], ["A", "B"])  # wider than max_width
+    out = filtered_constrained(nodes, lengths, None, [DocConstraints(wide)], global_scores=glob)
+    assert out.reports[0].status == "infeasible" and out.spans.tolist() == [[0, 0, 0, 1]]
+
+
+# ----------------------------------------------------------------------------- semi-CRF
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10**6))
+def test_semicrf_matches_enumeration(seed):
+    rng = random.Random(seed)
+    B, L, K, M = rng.randint(1, 2), rng.randint(1, 5), rng.randint(1, 3), rng.randint(1, 2)
+    gen = torch.Generator().manual_seed(rng.randrange(10**6))
+    lengths = torch.randint(0, L + 1, (B,), generator=gen)
+    scores = torch.randn((B, L, K, M + 1), generator=gen, dtype=torch.float64)
+    T = maybe_transitions(rng, gen, M + 2)
+    labels = LABELS[:M]
+    docs, refs = [], []
+    for b in range(B):
+        length = int(lengths[b])
+        constraints, starts, doc = random_doc_constraints(rng, labels, length)
+        docs.append(doc)
+        T_list = None if T is None else T.tolist()
+        ref = semicrf_reference(scores[b].tolist(), T_list, length, constraints, labels, starts)
+        refs.append((constraints, starts, ref))
+    out = semicrf_constrained(scores, lengths, T, docs)
+    plain_spans, plain_best = semicrf_viterbi(scores, lengths, T)
+    for b in range(B):
+        constraints, starts, ref = refs[b]
+        mine, plain = doc_rows(out.spans, b), doc_rows(plain_spans, b)
+        report = out.reports[b]
+        if docs[b] is None:
+            assert report is None and mine == plain
+        elif not ref:
+            assert report.status == "infeasible" and mine == plain
+        else:
+            assert report.status in ("satisfied", "optimal")
+            assert math.isclose(report.score, ref[0][0], abs_tol=TOL)
+            assert math.isclose(report.unconstrained, float(plain_best[b]), abs_tol=1e-6)
+            assert plain_ok(constraints, labels, mine, int(lengths[b]), starts)
+            # the returned entities are those of a best constrained segmentation
+            assert any(math.isclose(s, ref[0][0], abs_tol=TOL) and sp == mine for s, sp in ref)
+
+
+# ----------------------------------------------------------------------------- linear CRF
+
+
+@settings(max_examples=250, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from(["BIO", "BILUO"]))
+def test_crf_matches_enumeration(seed, scheme_name):
+    rng = random.Random(seed)
+    M = 1 if scheme_name == "BILUO" else rng.randint(1, 2)
+    scheme = tag_scheme(M, scheme_name)
+    B, L = rng.randint(1, 2), rng.randint(1, 5 if M == 1 else 4)
+    gen = torch.Generator().manual_seed(rng.randrange(10**6))
+    lengths = torch.randint(0, L + 1, (B,), generator=gen)
+    emissions = torch.randn((B, L, scheme.n_tags), generator=gen, dtype=torch.float64)
+    T = torch.randn((scheme.n_tags + 1, scheme.n_tags + 1), generator=gen, dtype=torch.float64)
+    labels = LABELS[:M]
+    docs, refs = [], []
+    for b in range(B):
+        length = int(lengths[b])
+        constraints, starts, doc = random_doc_constraints(rng, labels, length)
+        docs.append(doc)
+        ref = crf_reference(emissions[b].tolist(), T.tolist(), scheme.allowed.tolist(), scheme,
+                            length, constraints, labels, starts)
+        refs.append((constraints, starts, ref))
+    out = crf_constrained(emissions, T, lengths, scheme, docs, scheme.allowed)
+    _, plain_best = crf_viterbi(emissions, T, lengths, scheme.allowed)
+    for b in range(B):
+        constraints, starts, ref = refs[b]
+        mine = doc_rows(out.spans, b)
+        report = out.reports[b]
+        if docs[b] is None:
+            assert report is None
+        elif not ref:
+            assert report.status == "infeasible"
+        else:
+            assert report.status in ("satisfied", "optimal")
+            assert math.isclose(report.score, ref[0][0], abs_tol=TOL)
+            assert math.isclose(report.unconstrained, float(plain_best[b]), abs_tol=1e-6)
+            assert plain_ok(constraints, labels, mine, int(lengths[b]), starts)
+            best = [list(sp) for s, sp, _ in ref if math.isclose(s, ref[0][0], abs_tol=TOL)]
+            assert mine in best
+
+
+@pytest.mark.parametrize("scheme_name", ["BIO", "BILUO"])
+def test_crf_force_span_is_one_entity(scheme_name):
+    """A forced span is exactly one entity: strong I tags around it neither extend it nor
+    merge it with a neighbour."""
+    scheme = tag_scheme(1, scheme_name)
+    emissions = torch.zeros((1, 4, scheme.n_tags), dtype=torch.float64)
+    emissions[0, :, scheme.tag("I", 1)] = 5.0
+    T = torch.zeros((scheme.n_tags + 1, scheme.n_tags + 1), dtype=torch.float64)
+    program = compile_constraints([ForceSpan(1, 3, "A")], ["A"])
+    docs = [DocConstraints(program)]
+    out = crf_constrained(emissions, T, torch.tensor([4]), scheme, docs, scheme.allowed)
+    assert out.reports[0].status == "optimal"
+    assert [1, 2, 1] in out.spans[:, 1:].tolist()
+
+
+# ----------------------------------------------------------------------------- no constraints
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 10**6))
+def test_search_without_constraints_is_viterbi(seed):
+    """With constraints every path obeys (or none at all), the search returns the plain
+    Viterbi score for each head (forcing the search, not the shortcut)."""
+    rng = random.Random(seed)
+    nodes, lengths, glob, T, labels = _filtered_problem(rng)
+    B, L, K = nodes.shape
+    grids = nodes.grid(nodes.scores), nodes.grid(), nodes.grid(nodes.labels)
+    _, total = filtered.filtered_viterbi(*grids, T)
+    vacuous = compile_constraints([AtMost(labels[0], 99)], labels).automaton
+    for b in range(B):
+        length = int(lengths[b])
+        rows = nodes.spans()
+        mine = (rows[:, 0] == b).numpy()
+        g = itemgraphs.filtered_items(
+            rows[mine, 1:].numpy(), nodes.scores[mine].numpy(), length, K
+        ).graph
+        T_np = None if T is None else T.numpy()
+        for automaton in (None, vacuous):
+            found = search(g, T_np, automaton, sentence_index(length), k=1)
+            assert math.isclose(found.paths[0].score, float(total[b]), abs_tol=1e-9)
+    scores = glob
+    spans, semi_best = semicrf_viterbi(scores, lengths, T)
+    C = scores.shape[-1]
+    valid = numpy.stack([itemgraphs.semicrf_valid(int(n), (L, K, C))[0] for n in lengths])
+    sentence = numpy.stack([padded_sentence_index(int(n), L) for n in lengths])
+    masked = numpy.where(valid, scores.numpy(), -numpy.inf)
+    T_np = None if T is None else T.numpy()
+    for automaton in (None, vacuous):
+        found = lattice_search(masked, lengths.numpy(), T_np, numpy.arange(C), automaton, sentence)
+        for b in range(B):
+            assert math.isclose(found[b][0][0], float(semi_best[b]), abs_tol=1e-9)
+    program = compile_constraints([], labels)
+    assert program.empty and program.automaton.trivial
+    out = semicrf_constrained(scores, lengths, T, [DocConstraints(program)] * B)
+    assert torch.equal(out.spans, spans) and out.reports == [None] * B
+
+
+def test_requires_in_sentence_scope():
+    """A requires B within each sentence, with sentence boundaries: the solver adds a B in the
+    sentence of the A or removes the A, whichever scores better."""
+    scores = torch.full((1, 4, 1, 3), -1.0, dtype=torch.float64)
+    scores[0, :, 0, 0] = 0.0  # null
+    scores[0, 0, 0, 1] = 2.0  # A at token 0 (sentence 0)
+    scores[0, 2, 0, 2] = 1.5  # B at token 2 (sentence 1)
+    program = compile_constraints([Requires("A", "B", "sentence")], ["A", "B"])
+    out = semicrf_constrained(scores, torch.tensor([4]), None, [DocConstraints(program, (2,))])
+    # A alone in sentence 0 is not allowed: A + B at token 1 (2 - 1 + 1.5) = 2.5 beats
+    # dropping A (0 + 1.5) = 1.5
+    assert out.spans.tolist() == [[0, 0, 0, 1], [0, 1, 1, 2], [0, 2, 2, 2]]
+    assert out.reports[0].status == "optimal" and out.reports[0].score == pytest.approx(2.5)
+    out = semicrf_constrained(scores, torch.tensor([4]), None, [DocConstraints(program, ())])
+    assert out.reports[0].status == "satisfied"  # one sentence: the B at token 2 counts

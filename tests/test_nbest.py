@@ -1,0 +1,109 @@
+"""n-best segmentations of the three heads against brute-force enumeration: the k best are
+the top k of the enumeration, in order (ties in any order), distinct, each with its own score
+and the probability ``exp(score - log Z)``."""
+import math
+import random
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spacy_fsemicrf.structured import filtered
+from spacy_fsemicrf.structured.linear_crf import tag_scheme
+from spacy_fsemicrf.structured.nbest import crf_nbest, filtered_nbest, semicrf_nbest
+from spacy_fsemicrf.structured.spans import span_mask
+
+from .bruteforce import (
+    _logsumexp,
+    crf_enumerate,
+    entities_by_definition,
+    maximal_nonoverlapping_sets,
+    semicrf_enumerate,
+)
+
+from .bruteforce_constraints import maybe_transitions
+
+TOL = 1e-9
+
+
+def check_ranking(found, paths, k):
+    """``found``: the n-best of one document; ``paths``: every ``(spans, score)`` of it."""
+    log_z = _logsumexp([v for _, v in paths])
+    by_spans = {tuple(sp): v for sp, v in paths}
+    assert len(by_spans) == len(paths)  # spans identify a path
+    expected = sorted((v for _, v in paths), reverse=True)[:k]
+    assert len(found) == len(expected)
+    assert len({seg.spans for seg in found}) == len(found)  # distinct
+    for seg, want in zip(found, expected):
+        assert math.isclose(seg.score, want, abs_tol=TOL)
+        assert math.isclose(by_spans[seg.spans], seg.score, abs_tol=TOL)
+        assert math.isclose(seg.log_prob, seg.score - log_z, abs_tol=1e-6)
+        assert 0.0 < seg.prob <= 1.0
+    assert sum(seg.prob for seg in found) <= 1.0 + 1e-6
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 8))
+def test_filtered_nbest(seed, k):
+    rng = random.Random(seed)
+    B, L, K, C = rng.randint(1, 3), rng.randint(1, 7), rng.randint(1, 4), rng.randint(2, 4)
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, L + 1, (B,), generator=gen)
+    mask = (torch.rand((B, L, K), generator=gen) < rng.uniform(0.1, 0.9)) & span_mask(lengths, L, K)
+    index = mask.view(-1).nonzero().squeeze(1)
+    labels = torch.randint(1, C, (index.numel(),), generator=gen)
+    scores = torch.randn((index.numel(),), generator=gen, dtype=torch.float64)
+    T = maybe_transitions(rng, gen, C + 1)
+    nodes = filtered.NodeSet(index, labels, scores, (B, L, K))
+    out = filtered_nbest(nodes, lengths, T, k)
+    rows = nodes.spans()
+    for b in range(B):
+        mine = rows[:, 0] == b
+        spans = [tuple(r) for r in rows[mine, 1:].tolist()]
+        values = scores[mine].tolist()
+        paths = []
+        for subset in maximal_nonoverlapping_sets([(s, e) for s, e, _ in spans]):
+            chosen = sorted(subset, key=lambda i: spans[i][0])
+            score = sum(values[i] for i in chosen)
+            if T is not None and chosen:
+                labs = [C] + [spans[i][2] for i in chosen] + [C]
+                score += sum(float(T[x, y]) for x, y in zip(labs, labs[1:]))
+            paths.append((tuple(spans[i] for i in chosen), score))
+        check_ranking(out[b], paths, k)
+
+
+@settings(max_examples=250, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 8))
+def test_semicrf_nbest(seed, k):
+    rng = random.Random(seed)
+    B, L, K, C = rng.randint(1, 2), rng.randint(1, 5), rng.randint(1, 3), rng.randint(2, 3)
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, L + 1, (B,), generator=gen)
+    scores = torch.randn((B, L, K, C), generator=gen, dtype=torch.float64)
+    T = maybe_transitions(rng, gen, C + 1)
+    out = semicrf_nbest(scores, lengths, T, k)
+    for b in range(B):
+        enum = semicrf_enumerate(scores[b], int(lengths[b]), T)
+        paths = [(tuple(s for s in segs if s[2] > 0), v) for segs, v in enum.paths]
+        check_ranking(out[b], paths, k)
+
+
+@settings(max_examples=250, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 8), st.sampled_from(["BIO", "BILUO"]))
+def test_crf_nbest(seed, k, scheme_name):
+    rng = random.Random(seed)
+    M = rng.randint(1, 2)
+    scheme = tag_scheme(M, scheme_name)
+    B, L = rng.randint(1, 2), rng.randint(1, 4 if M == 2 else 5)
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, L + 1, (B,), generator=gen)
+    emissions = torch.randn((B, L, scheme.n_tags), generator=gen, dtype=torch.float64)
+    T = torch.randn((scheme.n_tags + 1, scheme.n_tags + 1), generator=gen, dtype=torch.float64)
+    out = crf_nbest(emissions, T, lengths, scheme, k, scheme.allowed)
+    for b in range(B):
+        enum = crf_enumerate(emissions[b], T, int(lengths[b]), scheme.allowed)
+        paths = [
+            (tuple(entities_by_definition(tags, scheme.names, scheme.scheme)), v)
+            for tags, v in enum.paths
+        ]
+        check_ranking(out[b], paths, k)
