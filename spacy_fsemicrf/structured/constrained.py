@@ -27,7 +27,7 @@ from . import filtered, itemgraphs
 from .constraints import DocConstraints, padded_sentence_index, satisfies, sentence_index
 from .lattice import lattice_search
 from .linear_crf import TagScheme, crf_viterbi, tags_to_spans
-from .pathsearch import path_score, search
+from .pathsearch import search
 from .semicrf import semicrf_viterbi
 
 Span = Tuple[int, int, int]  # (start, end inclusive, label)
@@ -112,27 +112,32 @@ def filtered_constrained(
     keep = best.cpu().numpy().copy()
     T = _host(transitions)
     ranges = _doc_ranges(rows[:, 0], B)
+    doc_lengths = lengths.tolist()
     extra: List[Tuple[int, int, int, int]] = []
     reports: List[Optional[ConstraintReport]] = [None] * B
     for b, doc in enumerate(constraints):
         if not _active(doc):
             continue
-        lo, hi = ranges[b], ranges[b + 1]
-        length = int(lengths[b])
-        force_score = None
-        if global_scores is not None:
-            force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa: E731
-        items = itemgraphs.filtered_items(
-            rows[lo:hi, 1:], scores[lo:hi], length, K, doc.program, force_score
-        )
+        lo, hi, length, program = ranges[b], ranges[b + 1], doc_lengths[b], doc.program
         on_path = numpy.flatnonzero(keep[lo:hi])
         viterbi = [tuple(r) for r in rows[lo:hi][on_path, 1:].tolist()]
-        plain = itemgraphs.filtered_items(rows[lo:hi, 1:], scores[lo:hi], length, K).graph
-        viterbi_score = path_score(plain, T, on_path)
-        if not items.changed and satisfies(doc.program, viterbi, length, doc.sentence_starts):
-            states = doc.program.automaton.n_states
+        viterbi_score = _chain_score(scores[lo:hi][on_path], [r[2] for r in viterbi], T)
+        items = None
+        if program.forbids or program.forces:  # they may change the node set
+            force_score = None
+            if global_scores is not None:
+                force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa: E731
+            items = itemgraphs.filtered_items(
+                rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score
+            )
+        if (items is None or not items.changed) and satisfies(
+            program, viterbi, length, doc.sentence_starts
+        ):
+            states = program.automaton.n_states
             reports[b] = ConstraintReport("satisfied", viterbi_score, viterbi_score, False, states)
             continue
+        if items is None:
+            items = itemgraphs.filtered_items(rows[lo:hi, 1:], scores[lo:hi], length, K, program)
         path, reports[b] = _search_filtered(items, T, doc, length, viterbi_score)
         if path is None:
             continue
@@ -152,6 +157,16 @@ def filtered_constrained(
     device = nodes.index.device
     spans = torch.from_numpy(all_rows[order]).to(device)
     return ConstrainedDecode(spans, reports, torch.from_numpy(node[order]).to(device))
+
+
+def _chain_score(scores: numpy.ndarray, labels: List[int], T: Optional[numpy.ndarray]) -> float:
+    """Score of a path of nodes (``scores``, ``labels`` in order): the nodes' scores plus the
+    transitions from START, between them and to END (none for the empty path)."""
+    total = float(scores.sum())
+    if T is None or not labels:
+        return total
+    C = T.shape[0] - 1
+    return total + float(T[[C] + labels, labels + [C]].sum())
 
 
 def _search_filtered(
