@@ -1,8 +1,12 @@
 """The ``fsemicrf_ner`` pipeline component.
 
 Training reads the gold entities from ``example.reference.ents`` (so gold entities never
-overlap). Prediction writes every decoded entity to ``doc.spans[spans_key]`` (with the
-marginal probabilities in ``.attrs["scores"]``) and sets ``doc.ents`` the way spaCy's ``ner``
+overlap). Prediction writes every decoded entity whose score reaches ``threshold`` to
+``doc.spans[spans_key]``, with their scores (probabilities that the entities are correct,
+calibrated when the pipeline has a calibration map: :mod:`.calibration`) in
+``.attrs["scores"]`` and the probability of the document's decoded segmentation in
+``.attrs["path_probability"]``; with ``candidates_key``, the candidates the head considered, with
+their scores, go to ``doc.spans[candidates_key]``. It sets ``doc.ents`` the way spaCy's ``ner``
 does: entities already on the doc (for example from an ``entity_ruler`` earlier in the pipeline)
 and tokens blocked with ``Doc.set_ents(blocked=...)`` are kept, predicted entities that overlap
 them are left out of ``doc.ents``, and every other token without entity information is set to
@@ -24,7 +28,9 @@ from thinc.api import Config, Model, Optimizer, set_dropout_rate
 
 from . import architectures  # noqa: F401  (registers the architectures)
 from .architectures import ModelInput, model_is_initialized, model_torch_head
+from .calibration import apply_calibration, check_calibration
 from .scorer import ner_score
+from .structured.confidences import DecodeExtras, decode_extras, split_rows
 
 logger = logging.getLogger("spacy_fsemicrf")
 
@@ -97,6 +103,8 @@ DEFAULT_MODEL = DEFAULT_MODELS["FilteredSemiCRF"]
         "model": DEFAULT_MODEL,
         "spans_key": DEFAULT_SPANS_KEY,
         "filter_margin": 0.0,
+        "threshold": 0.0,
+        "candidates_key": None,
         "scorer": {"@scorers": "spacy-fsemicrf.ner_scorer.v1"},
     },
     default_score_weights={
@@ -112,6 +120,8 @@ def make_fsemicrf_ner(
     model: Model,
     spans_key: str,
     filter_margin: float,
+    threshold: float,
+    candidates_key: Optional[str],
     scorer: Optional[Callable],
 ) -> "FSemiCRFEntityRecognizer":
     """Create an ``fsemicrf_ner`` component.
@@ -123,10 +133,16 @@ def make_fsemicrf_ner(
         the spans whose best entity label scores above null minus this margin. 0 is the
         paper's filter; above 0 trades precision for recall, below 0 the reverse. Only the
         filtered semi-CRF head filters; the other heads need 0.
+    threshold (float): predicted entities scoring below it are left out of doc.ents and
+        doc.spans[spans_key]; 0 keeps every decoded entity.
+    candidates_key (Optional[str]): ``doc.spans`` key for the candidates the head considered
+        (the filtered head's kept nodes; the other heads' spans of marginal above 0.01, and the
+        decoded entities), with their scores; None (the default) leaves them out.
     scorer (Optional[Callable]): defaults to ``spacy-fsemicrf.ner_scorer.v1`` (ents_p/r/f).
     """
     return FSemiCRFEntityRecognizer(
-        nlp.vocab, model, name, spans_key=spans_key, filter_margin=filter_margin, scorer=scorer
+        nlp.vocab, model, name, spans_key=spans_key, filter_margin=filter_margin,
+        threshold=threshold, candidates_key=candidates_key, scorer=scorer,
     )
 
 
@@ -141,6 +157,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         *,
         spans_key: str = DEFAULT_SPANS_KEY,
         filter_margin: float = 0.0,
+        threshold: float = 0.0,
+        candidates_key: Optional[str] = None,
         scorer: Optional[Callable] = ner_score,
     ) -> None:
         self.vocab = vocab
@@ -156,6 +174,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self._spans_key = spans_key
         self._filter_margin = 0.0
         self.filter_margin = filter_margin
+        self.threshold = threshold
+        self.candidates_key = candidates_key
+        self._warned_uncalibrated = False
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
         self.widest_dropped = 0
@@ -202,6 +223,41 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"does not filter spans. Leave it at 0."
             )
         self._filter_margin = float(margin)
+
+    @property
+    def threshold(self) -> float:
+        """Predicted entities scoring below this are left out (a prediction-time setting)."""
+        return self._threshold
+
+    @threshold.setter
+    def threshold(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"threshold must be a number in [0, 1], got {value!r}")
+        self._threshold = float(value)
+
+    @property
+    def candidates_key(self) -> Optional[str]:
+        """The ``doc.spans`` key of the candidates, or None (a prediction-time setting)."""
+        return self._candidates_key
+
+    @candidates_key.setter
+    def candidates_key(self, key: Optional[str]) -> None:
+        if key is not None and (not isinstance(key, str) or not key or key == self.spans_key):
+            raise ValueError(
+                f"candidates_key must be None or a non-empty string other than spans_key "
+                f"({self.spans_key!r}), got {key!r}"
+            )
+        self._candidates_key = key
+
+    @property
+    def calibration(self) -> Optional[Dict[str, Any]]:
+        """The calibration map of the scores (saved with the pipeline in ``cfg``), or None:
+        fit it with :func:`spacy_fsemicrf.calibration.calibrate_component`."""
+        return self.cfg.get("calibration")
+
+    @calibration.setter
+    def calibration(self, calibration: Optional[Dict[str, Any]]) -> None:
+        self.cfg["calibration"] = check_calibration(calibration)
 
     @property
     def span_head(self) -> bool:
@@ -279,6 +335,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 widest,
             )
         self.n_wide_dropped = self.widest_dropped = 0
+        self.calibration = None  # a new model: the scores need a new map
         self.model.set_dim("nO", len(self.labels), force=True)
         self.model.initialize(X=ModelInput(sample))
 
@@ -374,29 +431,66 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
     # Prediction -------------------------------------------------------------------------------
 
     def predict(self, docs: Iterable[Doc]) -> Tuple[numpy.ndarray, numpy.ndarray]:
-        """Decode a batch: ``(spans int64[N, 4], confidences float32[N])`` with rows
-        ``(doc index, start, end_inclusive, label 1..M)``."""
+        """Decode a batch: ``(rows int64[N, 4], values float32[N])``: the decoded entities
+        ``(doc index, start, end_inclusive, label 1..M)`` with their raw confidences, then a
+        ``(doc index, -1, -1, 0)`` row per document with the probability of its decoded path
+        and, with ``candidates_key``, the candidates as ``(doc index, start, end, -label)``
+        (see :func:`spacy_fsemicrf.structured.confidences.split_rows`)."""
         docs = list(docs)
         if not any(len(doc) for doc in docs):
             return numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32")
-        spans, confs = self.model.predict(ModelInput(docs, filter_margin=self._filter_margin))
-        return numpy.asarray(spans, dtype="int64"), numpy.asarray(confs, dtype="float32")
+        extras = DecodeExtras(path=True, candidates=self._candidates_key is not None)
+        with decode_extras(self.torch_head, extras):
+            rows, values = self.model.predict(ModelInput(docs, filter_margin=self._filter_margin))
+        return numpy.asarray(rows, dtype="int64"), numpy.asarray(values, dtype="float32")
 
-    def set_annotations(self, docs: Iterable[Doc], spans_confs) -> None:
-        spans, confs = spans_confs
+    def set_annotations(self, docs: Iterable[Doc], rows_values) -> None:
         docs = list(docs)
-        label_hashes = [self.vocab.strings.add(label) for label in self.labels]
-        bounds = numpy.searchsorted(spans[:, 0], numpy.arange(len(docs) + 1), side="left")
+        out = split_rows(*rows_values)
+        if self.calibration is None and not self._warned_uncalibrated and len(out.entities):
+            self._warned_uncalibrated = True
+            logger.warning(
+                "%s: the pipeline has no calibration map, so doc.spans[%r].attrs['scores'] are "
+                "the raw confidences of the head (not calibrated). Fit one on a development "
+                "set: python -m spacy_fsemicrf calibrate MODEL DEV.spacy",
+                self.name, self.spans_key,
+            )
+        scores = apply_calibration(self.calibration, out.confidences)
+        entities = out.entities
+        if self._threshold > 0:
+            keep = scores >= self._threshold
+            entities, scores = entities[keep], scores[keep]
+        path = numpy.ones((len(docs),), dtype="float64")  # an empty document's is 1
+        path[out.path_docs] = out.path_probabilities
+        labels = [self.vocab.strings.add(label) for label in self.labels]
         for i, doc in enumerate(docs):
-            rows = spans[bounds[i] : bounds[i + 1]]
-            ents = [
-                Span(doc, int(start), int(end) + 1, label=label_hashes[int(label) - 1])
-                for _, start, end, label in rows.tolist()
-            ]
-            group = SpanGroup(doc, name=self.spans_key, spans=ents)
-            group.attrs["scores"] = numpy.array(confs[bounds[i] : bounds[i + 1]], dtype="float32")
+            ents, group = self._span_group(doc, i, self.spans_key, entities, scores, labels)
+            group.attrs["path_probability"] = float(path[i])
             doc.spans[self.spans_key] = group
             set_entities(doc, ents)
+        if self._candidates_key is not None:
+            cand_scores = apply_calibration(self.calibration, out.candidate_confidences)
+            for i, doc in enumerate(docs):
+                _, group = self._span_group(
+                    doc, i, self._candidates_key, out.candidates, cand_scores, labels
+                )
+                doc.spans[self._candidates_key] = group
+
+    @staticmethod
+    def _span_group(
+        doc: Doc, i: int, key: str, rows: numpy.ndarray, scores: numpy.ndarray, labels: List[int]
+    ) -> Tuple[List[Span], SpanGroup]:
+        """The spans of document ``i`` among ``rows`` (sorted by document; label ids 1..M of
+        the label hashes ``labels``), and a span group of them with their ``scores`` in
+        ``attrs["scores"]``."""
+        a, b = numpy.searchsorted(rows[:, 0], [i, i + 1], side="left")
+        spans = [
+            Span(doc, start, end + 1, label=labels[label - 1])
+            for _, start, end, label in rows[a:b].tolist()
+        ]
+        group = SpanGroup(doc, name=key, spans=spans)
+        group.attrs["scores"] = numpy.array(scores[a:b], dtype="float32")
+        return spans, group
 
     # Serialization ----------------------------------------------------------------------------
 

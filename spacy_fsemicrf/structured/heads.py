@@ -5,7 +5,10 @@ Each head maps token vectors ``X [B, L, D]`` and ``lengths [B]`` to
 * ``forward(X, lengths, gold)`` with gold rows ``(doc, start, end, label)``: the training loss,
   summed over documents (a scalar tensor);
 * ``forward(X, lengths)``: the decoded entities ``(spans [N, 4], confidences [N])``, where
-  the confidence of a span is its exact marginal probability under the head's distribution.
+  the confidence of a span is the probability that it is an entity: for the filtered head the
+  local classifier's probability of its label times its marginal on the filtered graph, for
+  the others its marginal. The candidates and the decoded path's probability come as extra
+  rows when asked for (:mod:`.confidences`).
 
 ``FilteredSemiCRFHead`` is the product; ``SemiCRFHead`` and ``LinearCRFHead`` are the baselines
 of the paper, on the same encoder. With ``context_depth > 0`` each head first runs a BiLSTM over
@@ -20,6 +23,15 @@ import torch
 from torch import nn
 
 from . import filtered
+from .confidences import (
+    crf_candidates,
+    extras_of,
+    filtered_path_probability,
+    local_label_probability,
+    semicrf_marginals_and_log_z,
+    span_candidates,
+    with_extras,
+)
 from .context import TokenContext, WordPool
 from .linear_crf import (
     crf_log_partition,
@@ -30,12 +42,7 @@ from .linear_crf import (
     tag_scheme,
     tags_to_spans,
 )
-from .semicrf import (
-    semicrf_gold_score,
-    semicrf_log_partition,
-    semicrf_marginals,
-    semicrf_viterbi,
-)
+from .semicrf import semicrf_gold_score, semicrf_log_partition, semicrf_viterbi
 from .semiring import masked_fill_neg
 from .spans import (
     SpanFeaturizer,
@@ -129,7 +136,8 @@ class FilteredSemiCRFHead(nn.Module):
     nodes of a graph whose paths are scored by a second, global head. Training minimises
     ``L_loc + L_glob``: the cross-entropy of the local classifier over all candidates (null
     spans weighted by ``null_weight``) plus the global CRF loss over the gold-constrained node
-    set. Decoding is the best path; confidences are the node marginals.
+    set. Decoding is the best path; a node's confidence is the local probability of its label
+    times its marginal on the filtered graph.
 
     With ``boundary_smoothing = eps > 0`` the local targets are smoothed as in Zhu and Li (2022):
     a gold span's target keeps ``1 - eps`` on its label and puts ``eps`` on null, and each of its
@@ -248,8 +256,17 @@ class FilteredSemiCRFHead(nn.Module):
         nodes = self.nodes(local, glob, lengths, filter_margin)
         T = None if self.transitions is None else self.transitions.detach().float()
         best, marginals = filtered.decode_node_set(nodes, T)
+        # The marginal alone is 1 for a node that overlaps no other: the local probability of
+        # its label brings in the filter's own uncertainty.
+        conf = (local_label_probability(local, nodes.index, nodes.labels) * marginals).clamp(0, 1)
+        extras = extras_of(self)
         # the node list is in grid order, so the spans come sorted by (doc, start)
-        return nodes.spans(best), marginals[best].clamp(0.0, 1.0)
+        return with_extras(
+            (nodes.spans(best), conf[best]),
+            local.shape[0],
+            path=filtered_path_probability(nodes, best, T) if extras.path else None,
+            candidates=(nodes.spans(), conf) if extras.candidates else None,
+        )
 
     @torch.no_grad()
     def count_nodes(
@@ -323,12 +340,20 @@ class SemiCRFHead(nn.Module):
             log_z = semicrf_log_partition(scores, lengths, T)
             return (log_z - semicrf_gold_score(scores, lengths, gold, T)).sum()
         T = None if T is None else T.detach()
-        spans, _ = semicrf_viterbi(scores.detach(), lengths, T)
-        if spans.shape[0] == 0:
+        scores = scores.detach()
+        spans, best = semicrf_viterbi(scores, lengths, T)
+        extras = extras_of(self)
+        if spans.shape[0] == 0 and not any(extras):
             return _empty_decoded(scores.device)
-        marginals = semicrf_marginals(scores.detach(), lengths, T)
+        marginals, log_z = semicrf_marginals_and_log_z(scores, lengths, T)
         doc, start, end, label = spans.unbind(1)
-        return spans, marginals[doc, start, end - start, label].clamp(0.0, 1.0)
+        conf = marginals[doc, start, end - start, label].clamp(0.0, 1.0)
+        return with_extras(
+            (spans, conf),
+            scores.shape[0],
+            path=(best - log_z).clamp_max(0.0).exp() if extras.path else None,
+            candidates=span_candidates(marginals, spans) if extras.candidates else None,
+        )
 
 
 class LinearCRFHead(nn.Module):
@@ -387,12 +412,22 @@ class LinearCRFHead(nn.Module):
             log_z = crf_log_partition(emissions, T, lengths, allowed)
             return (log_z - crf_score(emissions, T, tags, lengths, allowed)).sum()
         emissions, T = emissions.detach(), T.detach()
-        tags, _ = crf_viterbi(emissions, T, lengths, allowed)
+        tags, best = crf_viterbi(emissions, T, lengths, allowed)
         spans = tags_to_spans(tags, lengths, self.scheme)
-        if spans.shape[0] == 0:
+        extras = extras_of(self)
+        if spans.shape[0] == 0 and not any(extras):
             return _empty_decoded(emissions.device)
-        conf = crf_span_marginals(emissions, T, lengths, spans, self.scheme, allowed)
-        return spans, conf.clamp(0.0, 1.0)
+        conf = crf_span_marginals(emissions, T, lengths, spans, self.scheme, allowed).clamp(0, 1)
+        path = None
+        if extras.path:
+            log_z = crf_log_partition(emissions, T, lengths, allowed)
+            path = (best - log_z).clamp_max(0.0).exp()
+        candidates = None
+        if extras.candidates:
+            candidates = crf_candidates(
+                emissions, T, lengths, self.scheme, allowed, self.max_width, (spans, conf)
+            )
+        return with_extras((spans, conf), emissions.shape[0], path, candidates)
 
 
 HEADS = {

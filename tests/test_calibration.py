@@ -1,0 +1,435 @@
+"""Entity confidences, their calibration, the path probability and the candidates.
+
+The heads' raw confidences, candidates and path probabilities are checked against brute-force
+enumeration on tiny random inputs; the calibration map against synthetic data with a known
+map; the pipeline settings (threshold, candidates_key, the stored map) through config,
+to_disk and spacy.load; the training callback on a tiny corpus.
+"""
+import logging
+import math
+from typing import Dict, Tuple
+
+import numpy
+import pytest
+import spacy
+import srsly
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from spacy.cli.train import train
+from spacy.tokens import DocBin
+
+from spacy_fsemicrf import calibration
+from spacy_fsemicrf.calibration import (
+    apply_calibration,
+    calibrate_component,
+    check_calibration,
+    fit_calibration,
+    make_calibrate_callback,
+    raw_outcomes,
+)
+from spacy_fsemicrf.structured.confidences import (
+    CANDIDATE_FLOOR,
+    DecodeExtras,
+    decode_extras,
+    split_rows,
+)
+from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
+
+try:  # tests/ as a package (tests/__init__.py) or as a plain directory
+    from . import bruteforce as bf
+    from .conftest import TRAIN_DATA, make_examples, model_config, train_pipeline, write_corpus
+    from .test_train import CONFIGS, _overrides
+except ImportError:  # pragma: no cover
+    import bruteforce as bf
+    from conftest import TRAIN_DATA, make_examples, model_config, train_pipeline, write_corpus
+    from test_train import CONFIGS, _overrides
+
+Row = Tuple[int, int, int, int]
+ALL_EXTRAS = DecodeExtras(path=True, candidates=True)
+
+
+def _decoded(head, *inputs) -> Tuple[Dict[Row, float], Dict[Row, float], Dict[int, float]]:
+    """``head``'s prediction with every extra: entities, candidates (both ``{row: value}``)
+    and path probabilities ``{doc: p}``."""
+    with torch.no_grad(), decode_extras(head, ALL_EXTRAS):
+        rows, values = head(*inputs) if not isinstance(head, FilteredSemiCRFHead) else head.decode(*inputs)
+    out = split_rows(rows.numpy(), values.numpy())
+    ents = {tuple(r): float(v) for r, v in zip(out.entities.tolist(), out.confidences)}
+    cands = {tuple(r): float(v) for r, v in zip(out.candidates.tolist(), out.candidate_confidences)}
+    return ents, cands, dict(zip(out.path_docs.tolist(), out.path_probabilities.tolist()))
+
+
+def _assert_close(found: Dict, expected: Dict, tol: float = 2e-4) -> None:
+    assert set(found) == set(expected)
+    for key, value in expected.items():
+        assert found[key] == pytest.approx(value, abs=tol), key
+
+
+def _path_score(scores, nodes, chosen, transitions) -> float:
+    total = sum(scores[nodes[k][0]][nodes[k][1] - nodes[k][0]][nodes[k][2]] for k in chosen)
+    if transitions is not None and chosen:
+        C = len(transitions) - 1
+        labels = [C] + [nodes[k][2] for k in chosen] + [C]
+        total += sum(transitions[p][q] for p, q in zip(labels, labels[1:]))
+    return total
+
+
+# ----------------------------------------------------------------------------- the heads
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), with_transitions=st.booleans())
+def test_filtered_confidences_paths_and_candidates_match_enumeration(seed, with_transitions):
+    gen = torch.Generator().manual_seed(seed)
+    B, L, K, M = 2, 6, 3, 2
+    C = M + 1
+    head = FilteredSemiCRFHead(4, M, max_width=K, transitions=with_transitions)
+    if with_transitions:
+        head.transitions.data = torch.randn(C + 1, C + 1, generator=gen)
+    local = 2 * torch.randn(B, L, K, C, generator=gen)
+    glob = 2 * torch.randn(B, L, K, C, generator=gen)
+    lengths = torch.tensor([L, int(torch.randint(1, L + 1, (1,), generator=gen))])
+    ents, cands, paths = _decoded(head, local, glob, lengths)
+    T = head.transitions.tolist() if with_transitions else None
+    expected_ents, expected_cands = {}, {}
+    for b in range(B):
+        n = int(lengths[b])
+        nodes = []
+        for s in range(n):
+            for w in range(min(K, n - s)):
+                label = int(local[b, s, w].argmax())
+                if label:  # the filter keeps the spans whose local argmax is not null
+                    nodes.append((s, s + w, label))
+        sets = bf.maximal_nonoverlapping_sets([(s, e) for s, e, _ in nodes])
+        scores = [_path_score(glob[b].tolist(), nodes, chosen, T) for chosen in sets]
+        log_z = bf._logsumexp(scores)
+        best = max(range(len(sets)), key=lambda k: scores[k])
+        assert paths[b] == pytest.approx(math.exp(scores[best] - log_z), rel=1e-4)
+        for k, (s, e, label) in enumerate(nodes):
+            marginal = sum(math.exp(v - log_z) for chosen, v in zip(sets, scores) if k in chosen)
+            p_local = float(local[b, s, e - s].softmax(0)[label])
+            expected_cands[(b, s, e, label)] = p_local * marginal
+            if k in sets[best]:
+                expected_ents[(b, s, e, label)] = p_local * marginal
+    _assert_close(ents, expected_ents)
+    _assert_close(cands, expected_cands)
+    assert all(0 <= v <= 1 for v in cands.values())
+
+
+def _scored_batch(seed: int, B: int = 2, L: int = 5, D: int = 6):
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(B, L, D, generator=gen)
+    lengths = torch.tensor([L, int(torch.randint(1, L + 1, (1,), generator=gen))])
+    return gen, X, lengths
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), with_transitions=st.booleans())
+def test_semicrf_confidences_paths_and_candidates_match_enumeration(seed, with_transitions):
+    gen, X, lengths = _scored_batch(seed)
+    M, K = 2, 3
+    torch.manual_seed(seed)
+    head = SemiCRFHead(X.shape[-1], M, max_width=K, hidden_width=16, transitions=with_transitions)
+    head.eval()
+    with torch.no_grad():
+        for p in head.parameters():  # scores spread widely enough to give varied marginals
+            p.mul_(4)
+        scores = head.span_scores(X, lengths)
+    ents, cands, paths = _decoded(head, X, lengths)
+    T = head.transitions.detach() if with_transitions else None
+    expected_ents, expected_cands = {}, {}
+    for b in range(X.shape[0]):
+        enum = bf.semicrf_enumerate(scores[b], int(lengths[b]), T)
+        assert len(enum.best_paths) == 1
+        assert paths[b] == pytest.approx(math.exp(enum.best_score - enum.log_z), rel=1e-3)
+        for s, e, label in enum.best_paths[0]:
+            if label:
+                expected_ents[(b, s, e, label)] = float(enum.marginals[s, e - s, label])
+        above = (enum.marginals[..., 1:] > CANDIDATE_FLOOR).nonzero().tolist()
+        for s, w, label in above:
+            expected_cands[(b, s, s + w, label + 1)] = float(enum.marginals[s, w, label + 1])
+    expected_cands.update(expected_ents)
+    _assert_close(ents, expected_ents)
+    _assert_close(cands, expected_cands)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), scheme=st.sampled_from(["BIO", "BILUO"]))
+def test_crf_confidences_paths_and_candidates_match_enumeration(seed, scheme):
+    gen, X, lengths = _scored_batch(seed, L=4)
+    M, K = 2, 2
+    torch.manual_seed(seed)
+    head = LinearCRFHead(X.shape[-1], M, max_width=K, hidden_width=16, scheme=scheme).eval()
+    with torch.no_grad():
+        head.transitions.data = torch.randn(head.transitions.shape, generator=gen)
+        for p in head.emitter.parameters():
+            p.mul_(3)
+        emissions = head.emissions(X, lengths)
+    ents, cands, paths = _decoded(head, X, lengths)
+    names = head.scheme.names
+    expected_ents, expected_cands = {}, {}
+    for b in range(X.shape[0]):
+        n = int(lengths[b])
+        enum = bf.crf_enumerate(emissions[b, :n], head.transitions, n, head.allowed)
+        assert len(enum.best_paths) == 1
+        assert paths[b] == pytest.approx(math.exp(enum.best_score - enum.log_z), rel=1e-3)
+        probs = bf.crf_span_probabilities(enum, names, scheme)
+        for s, e, label in bf.entities_by_definition(enum.best_paths[0], names, scheme):
+            expected_ents[(b, s, e, label)] = probs[(s, e, label)]
+        for (s, e, label), p in probs.items():
+            if e - s < K and p > CANDIDATE_FLOOR:
+                expected_cands[(b, s, e, label)] = p
+    expected_cands.update(expected_ents)
+    _assert_close(ents, expected_ents)
+    _assert_close(cands, expected_cands)
+
+
+def test_without_extras_the_heads_give_only_the_entities():
+    gen, X, lengths = _scored_batch(0)
+    for head in (SemiCRFHead(X.shape[-1], 2, max_width=3), LinearCRFHead(X.shape[-1], 2)):
+        with torch.no_grad():
+            plain = head.eval()(X, lengths)
+            ents, _, _ = _decoded(head, X, lengths)
+        assert [tuple(r) for r in plain[0].tolist()] == list(ents)
+        assert plain[1].tolist() == pytest.approx(list(ents.values()), abs=1e-6)
+        assert not (plain[0][:, 3] <= 0).any() and not (plain[0][:, 1] < 0).any()
+        assert getattr(head, "decode_extras", None) is None  # the block put it back
+
+
+# ----------------------------------------------------------------------------- the map
+
+
+def test_the_fit_recovers_a_known_map_and_is_monotone():
+    rng = numpy.random.default_rng(0)
+    z = rng.normal(1.5, 2.0, 40_000)
+    raw = 1 / (1 + numpy.exp(-z))
+    truth = lambda p: 1 / (1 + numpy.exp(-(0.6 * numpy.log(p / (1 - p)) - 0.4)))  # noqa: E731
+    correct = rng.random(z.size) < truth(raw)
+    fitted = check_calibration(fit_calibration(raw, correct))
+    assert fitted["n_entities"] == z.size and fitted["n_correct"] == int(correct.sum())
+    grid = numpy.linspace(0.05, 0.95, 19)
+    numpy.testing.assert_allclose(apply_calibration(fitted, grid), truth(grid), atol=0.04)
+    everywhere = numpy.linspace(0, 1, 10_001, dtype="float32")
+    out = apply_calibration(fitted, everywhere)
+    assert numpy.all(numpy.diff(out) >= 0) and out.min() > 0 and out.max() < 1
+    assert numpy.array_equal(apply_calibration(None, everywhere), everywhere)
+    # between two knots the order of the raw scores is kept
+    inside = everywhere[(everywhere > fitted["x"][0]) & (everywhere < fitted["x"][-1])]
+    assert len(numpy.unique(apply_calibration(fitted, inside))) > 0.9 * len(inside)
+
+
+def test_the_fit_on_small_or_odd_data():
+    raw = numpy.array([0.2, 0.4, 0.6, 0.8])
+    anti = fit_calibration(raw, numpy.array([True, True, False, False]))
+    assert len(anti["x"]) == 1 and anti["y"] == [pytest.approx(3 / 6)]  # one step, 2 of 4 right
+    separable = fit_calibration(raw, numpy.array([False, False, True, True]))
+    assert separable["y"] == [pytest.approx(1 / 4), pytest.approx(3 / 4)]  # never 0 or 1
+    assert separable["x"] == [pytest.approx(0.3), pytest.approx(0.7)]
+    tied = fit_calibration(numpy.array([1.0, 1.0, 1.0, 0.5]), numpy.array([True, True, False, False]))
+    assert tied["x"] == [0.5, 1.0] and tied["y"] == [pytest.approx(1 / 3), pytest.approx(3 / 5)]
+    mostly_right = fit_calibration(numpy.array([0.2, 0.4, 0.6, 0.8, 0.9, 0.95]),
+                                   numpy.array([False, True, True, True, True, True]))
+    share = (5 + 1) / (6 + 2)  # each step shrinks towards the share of correct entities
+    assert mostly_right["y"] == [pytest.approx(2 * share / 3), pytest.approx((5 + 2 * share) / 7)]
+    empty = fit_calibration(numpy.zeros(0), numpy.zeros(0, dtype=bool))
+    assert apply_calibration(empty, numpy.array([0.3]))[0] == pytest.approx(0.3)
+    for bad in ({"method": "isotonic", "x": [0.5, 0.4], "y": [0.1, 0.2]},
+                {"method": "isotonic", "x": [0.4, 0.5], "y": [0.3, 0.2]},
+                {"method": "isotonic", "x": [0.4], "y": [1.5]},
+                {"method": "platt", "slope": 1.0, "intercept": 0.0}, {"x": []}, [0.1]):
+        with pytest.raises(ValueError, match="calibration map"):
+            check_calibration(bad)
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+@pytest.fixture(scope="module")
+def small_nlp():
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    train_pipeline(nlp, make_examples(nlp), n_iter=25)
+    return nlp
+
+
+def _copy(nlp, tmp_path, name="copy", **config):
+    nlp.to_disk(tmp_path / name)
+    return spacy.load(tmp_path / name, config={"components": {"fsemicrf_ner": config}} if config else {})
+
+
+def _ents(docs):
+    return [[(e.start, e.end, e.label_) for e in doc.ents] for doc in docs]
+
+
+def test_scores_are_calibrated_and_the_map_is_saved(small_nlp, tmp_path):
+    nlp = _copy(small_nlp, tmp_path)
+    ner = nlp.get_pipe("fsemicrf_ner")
+    texts = [t for t, _ in TRAIN_DATA]
+    raw_docs = list(nlp.pipe(texts))
+    fitted = calibrate_component(nlp, "fsemicrf_ner", [eg.reference for eg in make_examples(nlp)])
+    assert ner.calibration == fitted and fitted["n_entities"] > 0
+    docs = list(nlp.pipe(texts))
+    assert _ents(docs) == _ents(raw_docs)  # the map changes the scores, never the decisions
+    for raw_doc, doc in zip(raw_docs, docs):
+        raw = raw_doc.spans["fsemicrf"].attrs["scores"]
+        scores = doc.spans["fsemicrf"].attrs["scores"]
+        numpy.testing.assert_allclose(scores, apply_calibration(fitted, raw), rtol=1e-5)
+        assert numpy.all((scores >= 0) & (scores <= 1))
+        assert 0 < doc.spans["fsemicrf"].attrs["path_probability"] <= 1
+    nlp.to_disk(tmp_path / "calibrated")
+    loaded = spacy.load(tmp_path / "calibrated")
+    stored = loaded.get_pipe("fsemicrf_ner").calibration
+    assert stored["n_entities"] == fitted["n_entities"]
+    for key in ("x", "y"):  # JSON keeps about 15 digits
+        numpy.testing.assert_allclose(stored[key], fitted[key], rtol=1e-12)
+    again = list(loaded.pipe(texts))
+    for doc, other in zip(docs, again):
+        numpy.testing.assert_allclose(
+            doc.spans["fsemicrf"].attrs["scores"], other.spans["fsemicrf"].attrs["scores"], rtol=1e-5
+        )
+
+
+def test_the_fit_uses_only_the_documents_given(small_nlp, tmp_path):
+    nlp = _copy(small_nlp, tmp_path)
+    gold = [eg.reference for eg in make_examples(nlp)]
+    first, second = gold[:4], gold[4:]
+    raw, correct = raw_outcomes(nlp, "fsemicrf_ner", first)
+    assert calibrate_component(nlp, "fsemicrf_ner", first) == fit_calibration(raw, correct)
+    raw2, correct2 = raw_outcomes(nlp, "fsemicrf_ner", second)
+    assert calibrate_component(nlp, "fsemicrf_ner", second) == fit_calibration(raw2, correct2)
+    # the outcomes are the gold entities' exact matches
+    n_gold = sum(len(doc.ents) for doc in first)
+    assert correct.sum() <= min(n_gold, raw.size)
+
+
+def test_threshold_drops_low_scores_and_zero_keeps_every_decision(small_nlp, tmp_path):
+    texts = [t for t, _ in TRAIN_DATA]
+    nlp = _copy(small_nlp, tmp_path)
+    before = list(nlp.pipe(texts))
+    assert _ents(list(_copy(small_nlp, tmp_path, "zero", threshold=0.0).pipe(texts))) == _ents(before)
+    scores = numpy.concatenate([d.spans["fsemicrf"].attrs["scores"] for d in before])
+    cut = float(numpy.median(scores))
+    thresholded = list(_copy(small_nlp, tmp_path, "cut", threshold=cut).pipe(texts))
+    for doc, full in zip(thresholded, before):
+        group, kept = doc.spans["fsemicrf"], full.spans["fsemicrf"]
+        expected = [(s.start, s.end, s.label_) for s, v in zip(kept, kept.attrs["scores"]) if v >= cut]
+        assert [(s.start, s.end, s.label_) for s in group] == expected
+        assert [(e.start, e.end, e.label_) for e in doc.ents] == expected
+        assert numpy.all(group.attrs["scores"] >= cut)
+        assert group.attrs["path_probability"] == full.spans["fsemicrf"].attrs["path_probability"]
+
+
+def test_candidates_hold_the_kept_nodes_with_their_scores(small_nlp, tmp_path):
+    nlp = _copy(small_nlp, tmp_path, candidates_key="cands", filter_margin=2.0)
+    docs = list(nlp.pipe([t for t, _ in TRAIN_DATA]))
+    n_more = 0
+    for doc in docs:
+        ents, cands = doc.spans["fsemicrf"], doc.spans["cands"]
+        scores = dict(zip([(s.start, s.end, s.label_) for s in cands], cands.attrs["scores"]))
+        for span, score in zip(ents, ents.attrs["scores"]):
+            assert scores[(span.start, span.end, span.label_)] == pytest.approx(score, rel=1e-5)
+        assert numpy.all((cands.attrs["scores"] >= 0) & (cands.attrs["scores"] <= 1))
+        n_more += len(cands) - len(ents)
+    assert n_more > 0  # a wider filter keeps nodes that the best paths leave out
+    assert "cands" not in list(small_nlp.pipe(["Mary flew to Berlin ."]))[0].spans
+
+
+@pytest.mark.parametrize("arch", ["SemiCRF", "LinearCRF"])
+def test_candidates_and_path_probability_of_the_baseline_heads(arch, tmp_path):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": model_config(f"spacy-fsemicrf.{arch}.v1"),
+                                         "candidates_key": "cands"})
+    train_pipeline(nlp, make_examples(nlp), n_iter=10)
+    for doc in nlp.pipe([t for t, _ in TRAIN_DATA] + [""]):
+        ents, cands = doc.spans["fsemicrf"], doc.spans["cands"]
+        assert {(s.start, s.end, s.label_) for s in ents} <= {(s.start, s.end, s.label_) for s in cands}
+        assert numpy.all(cands.attrs["scores"] >= 0) and numpy.all(cands.attrs["scores"] <= 1)
+        assert 0 < ents.attrs["path_probability"] <= 1
+        if not len(doc):
+            assert ents.attrs["path_probability"] == 1.0
+
+
+def test_settings_round_trip_through_config_and_disk(small_nlp, tmp_path):
+    nlp = _copy(small_nlp, tmp_path, threshold=0.25, candidates_key="cands")
+    ner = nlp.get_pipe("fsemicrf_ner")
+    assert (ner.threshold, ner.candidates_key) == (0.25, "cands")
+    assert nlp.config["components"]["fsemicrf_ner"]["threshold"] == 0.25
+    assert nlp.config["components"]["fsemicrf_ner"]["candidates_key"] == "cands"
+    nlp.to_disk(tmp_path / "saved")
+    loaded = spacy.load(tmp_path / "saved").get_pipe("fsemicrf_ner")
+    assert (loaded.threshold, loaded.candidates_key) == (0.25, "cands")
+    override = {"components": {"fsemicrf_ner": {"threshold": 0.5, "candidates_key": None}}}
+    changed = spacy.load(tmp_path / "saved", config=override).get_pipe("fsemicrf_ner")
+    assert (changed.threshold, changed.candidates_key) == (0.5, None)
+    restored = spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": model_config()})
+    restored.from_bytes(ner.to_bytes())
+    assert restored.threshold == 0.0  # bytes carry the model and the map, not the settings
+    for bad in ({"threshold": 1.5}, {"threshold": "0.5"}, {"candidates_key": "fsemicrf"},
+                {"candidates_key": ""}):
+        with pytest.raises(ValueError):
+            spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": model_config(), **bad})
+
+
+def test_a_pipeline_without_a_map_gives_raw_scores_and_warns_once(small_nlp, tmp_path, caplog):
+    nlp = _copy(small_nlp, tmp_path)
+    assert nlp.get_pipe("fsemicrf_ner").calibration is None
+    (tmp_path / "old").mkdir()
+    nlp.to_disk(tmp_path / "old")
+    cfg = tmp_path / "old" / "fsemicrf_ner" / "cfg"
+    saved = srsly.read_json(cfg)
+    del saved["calibration"]  # as saved before the maps existed
+    srsly.write_json(cfg, saved)
+    old = spacy.load(tmp_path / "old")
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        docs = list(old.pipe([t for t, _ in TRAIN_DATA])) + [old("Mary flew to Berlin .")]
+    assert sum("no calibration map" in r.getMessage() for r in caplog.records) == 1
+    assert any(len(doc.ents) for doc in docs)
+    expected = list(small_nlp.pipe([t for t, _ in TRAIN_DATA]))
+    assert _ents(docs[:-1]) == _ents(expected)
+
+
+def test_the_training_callback_fits_on_the_dev_path_only(tmp_path, monkeypatch):
+    nlp = spacy.blank("en")
+    train_path = write_corpus(tmp_path / "train.spacy", nlp, repeat=2)
+    dev_path = write_corpus(tmp_path / "dev.spacy", nlp)
+    (tmp_path / "test.spacy").write_bytes(b"not a corpus: reading it fails")
+    read = []
+    from_disk = DocBin.from_disk
+    monkeypatch.setattr(DocBin, "from_disk", lambda self, path: read.append(str(path)) or from_disk(self, path))
+    overrides = _overrides(train_path, dev_path, **{
+        "training.max_steps": 20, "training.eval_frequency": 10,
+        "training.before_to_disk": {"@callbacks": "spacy-fsemicrf.calibrate.v1",
+                                    "dev_path": str(dev_path), "component": "fsemicrf_ner"},
+    })
+    train(CONFIGS / "fsemicrf_cnn.cfg", tmp_path / "out", overrides=overrides)
+    assert str(tmp_path / "test.spacy") not in read
+    assert read.count(str(dev_path)) >= 1
+    for name in ("model-last", "model-best"):
+        fitted = spacy.load(tmp_path / "out" / name).get_pipe("fsemicrf_ner").calibration
+        assert fitted is not None and fitted["n_entities"] > 0
+
+
+def test_the_callback_reads_its_file_once(small_nlp, tmp_path, monkeypatch):
+    nlp = _copy(small_nlp, tmp_path)
+    dev = write_corpus(tmp_path / "dev.spacy", nlp)
+    callback = make_calibrate_callback(str(dev), "fsemicrf_ner")
+    read = []
+    monkeypatch.setattr(calibration.DocBin, "from_disk",
+                        lambda self, path, _f=DocBin.from_disk: read.append(path) or _f(self, path))
+    assert callback(nlp) is nlp and callback(nlp) is nlp
+    assert read == [str(dev)]
+    assert nlp.get_pipe("fsemicrf_ner").calibration["n_entities"] > 0
+
+
+def test_the_command_calibrates_a_saved_pipeline(small_nlp, tmp_path, capsys):
+    small_nlp.to_disk(tmp_path / "model")
+    dev = write_corpus(tmp_path / "dev.spacy", small_nlp)
+    calibration.main([str(tmp_path / "model"), str(dev), "--output", str(tmp_path / "calibrated")])
+    fitted = spacy.load(tmp_path / "calibrated").get_pipe("fsemicrf_ner").calibration
+    assert fitted["n_entities"] > 0 and "calibration map fitted" in capsys.readouterr().out
+    assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is None
+    calibration.main([str(tmp_path / "model"), str(dev)])  # in place
+    assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is not None
+    with pytest.raises(SystemExit):
+        calibration.main(["no_such_package", str(dev)])
