@@ -126,7 +126,7 @@ def filtered_constrained(
         if program.forbids or program.forces:  # they may change the node set
             force_score = None
             if global_scores is not None:
-                force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa: E731
+                force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa
             items = itemgraphs.filtered_items(
                 rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score
             )
