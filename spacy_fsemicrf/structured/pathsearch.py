@@ -2,7 +2,7 @@
 
 *Items* are labelled intervals of tokens (the filtered head's nodes, plus forced spans), and a
 *path* is a set of pairwise non-overlapping items that is maximal among the non-droppable ones:
-no non-droppable item lies in a gap of the path (Liang et al., 1991; DESIGN.md §2). A path
+no non-droppable item lies in a gap of the path (Liang et al., 1991; docs/algorithm.md). A path
 scores the sum of its items' scores plus the transitions ``T[leave(prev), enter(next)]`` (row H
 = START, column H = END; ``-inf`` forbids a transition; the empty path scores 0).
 
@@ -11,7 +11,7 @@ each one that does costs one *drop*, and paths are ranked by the fewest drops fi
 score (a drop enters the value as ``-BIG``, with ``BIG`` more than any score difference). So a
 path that needs no drop always wins, and with no droppable item this is the plain best path.
 
-The search is the position scan of DESIGN.md §2 with a *state* and a *rank* axis:
+The search is the position scan of docs/algorithm.md with a *state* and a *rank* axis:
 ``A[e][(h, q)]`` holds the ``k`` best prefixes ending at ``e`` in channel ``h`` that leave the
 automaton (:class:`~.constraints.Automaton`) in state ``q``. The items starting at ``s`` read
 the ends in ``[P(s), s - 1]`` (``P`` over the non-droppable items), crossing the sentence starts
