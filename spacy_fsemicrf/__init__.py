@@ -10,6 +10,8 @@ and the structured layer works; only the spaCy layer is missing.
 """
 __version__ = "0.1.0"
 
+from . import fork_safety  # noqa: E402,F401  (forked workers run PyTorch on one thread)
+
 try:
     import spacy  # noqa: F401
 except ImportError:  # the structured layer alone, for research use without spaCy
