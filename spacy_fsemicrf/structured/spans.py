@@ -8,6 +8,7 @@ most ``n * K``.
 import functools
 from typing import Optional, Tuple
 
+import numpy
 import torch
 from torch import nn
 
@@ -156,27 +157,41 @@ def same_word_mean(x: torch.Tensor, words: torch.Tensor, lengths: torch.Tensor) 
     the tokens: linear in the document length, so a 100k-token document costs no more per
     token than a short one."""
     B, L, D = x.shape
-    valid = token_mask(lengths.to(x.device), L)
-    words = words.to(x.device).long()
-    # one group per (document, word) pair, so documents never pool together; the pair as one
-    # int64 key, as a 1-d unique is several times faster than a unique over rows
-    ids = words[valid]
-    lowest = ids.min() if ids.numel() else ids.new_zeros(())
-    n_words = int(ids.max() - lowest) + 1 if ids.numel() else 1
-    doc = torch.arange(B, device=x.device).unsqueeze(1).expand(B, L)[valid]
-    keys = doc * n_words + (ids - lowest)
-    _, group = torch.unique(keys, return_inverse=True)
-    n_groups = int(group.max()) + 1 if group.numel() else 0
-    tokens = x[valid]
-    sums = tokens.new_zeros((n_groups, D)).index_add_(0, group, tokens)
-    counts = torch.bincount(group, minlength=n_groups).to(x.dtype).unsqueeze(-1)
-    out = x.new_zeros((B, L, D))
+    token, group, counts = _word_groups(words, lengths, L)
+    token, group = token.to(x.device), group.to(x.device)
+    tokens = x.reshape(B * L, D).index_select(0, token)
+    sums = tokens.new_zeros((counts.shape[0], D)).index_add_(0, group, tokens)
+    means = sums / counts.to(x.device, x.dtype).unsqueeze(-1)
     # index_select, not advanced indexing (means[group]): the gradient of the latter is an
     # index_put_ with accumulation, which on CPU with several threads adds with parallel
     # atomics in no fixed order, so the same seed would not train the same model twice;
     # index_select's gradient is a serial index_add_
-    out[valid] = (sums / counts).index_select(0, group)
-    return out
+    out = x.new_zeros((B * L, D)).index_copy(0, token, means.index_select(0, group))
+    return out.view(B, L, D)
+
+
+def _word_groups(
+    words: torch.Tensor, lengths: torch.Tensor, length: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(token, group, counts)``: the flat positions of the tokens in the ``[B, L]`` grid, the
+    group of each (one per (document, word) pair, numbered in sorted key order) and the size of
+    each group. Integer bookkeeping with no gradient: on the host in NumPy, where a short
+    document's dozen small calls cost a fraction of the same calls in PyTorch."""
+    words_np = words.detach().cpu().numpy().astype("int64", copy=False)
+    lengths_np = lengths.detach().cpu().numpy()
+    valid = numpy.arange(length)[None, :] < lengths_np[:, None]
+    token = numpy.flatnonzero(valid)
+    ids = words_np.reshape(-1)[token]
+    if ids.size:
+        lowest = ids.min()
+        # one group per (document, word) pair, so documents never pool together; the pair as
+        # one int64 key, as a 1-d unique is several times faster than a unique over rows
+        keys = (token // length) * (int(ids.max() - lowest) + 1) + (ids - lowest)
+        _, group, counts = numpy.unique(keys, return_inverse=True, return_counts=True)
+    else:
+        group = counts = numpy.zeros((0,), dtype="int64")
+    as_tensor = torch.from_numpy
+    return as_tensor(token), as_tensor(group.reshape(-1).astype("int64")), as_tensor(counts)
 
 
 def window_view(x: torch.Tensor, max_width: int) -> torch.Tensor:
