@@ -78,7 +78,8 @@ def run(cmd: List[str]) -> None:
 def main(argv: List[str]) -> int:
     args = parse_args(argv)
     if not (args.model_dir / "meta.json").is_file():
-        print(f"{args.model_dir} is not a trained pipeline directory (no meta.json)", file=sys.stderr)
+        print(f"{args.model_dir} is not a trained pipeline directory (no meta.json)",
+              file=sys.stderr)
         return 1
     args.output_dir.mkdir(parents=True, exist_ok=True)
     wheels = [

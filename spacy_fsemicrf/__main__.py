@@ -1,0 +1,27 @@
+"""``python -m spacy_fsemicrf COMMAND ...``: the package's command-line tools.
+
+    annotate    annotate a corpus with any spaCy pipeline on Dask (spacy_fsemicrf.annotate)
+    calibrate   fit the score calibration map of a trained pipeline (spacy_fsemicrf.calibration)
+
+``python -m spacy_fsemicrf COMMAND --help`` describes each.
+"""
+import importlib
+import sys
+from typing import List
+
+# command -> module with a ``main(argv) -> int``; imported only when its command runs.
+COMMANDS = {
+    "annotate": "spacy_fsemicrf.annotate.cli",
+    "calibrate": "spacy_fsemicrf.calibration",
+}
+
+
+def main(argv: List[str]) -> int:
+    if argv and argv[0] in COMMANDS:
+        return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    print(__doc__.strip(), file=sys.stderr)
+    return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,49 @@
+"""``python -m spacy_fsemicrf annotate``: the command line of :func:`.engine.annotate`."""
+import argparse
+import sys
+from pathlib import Path
+from typing import List
+
+from .inputs import AnnotateError
+
+DESCRIPTION = """Annotate INPUT (a .spacy file, a .jsonl file with a "text" field and an
+optional "id" per line, or a directory of them) with the spaCy pipeline MODEL (a directory or
+an installed package) into OUTPUT: shards/NNNNNN.spacy (the annotated documents, their ids in
+doc.user_data["id"]) and entities.jsonl (id, start and end character, label, text, score).
+Runs on a Dask LocalCluster, or on the cluster whose scheduler is given. Rerun the same command
+after a crash: finished shards are kept, the others are annotated."""
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m spacy_fsemicrf annotate",
+                                     description=DESCRIPTION)
+    parser.add_argument("model", help="pipeline directory or installed pipeline package")
+    parser.add_argument("input", type=Path, help=".spacy or .jsonl file, or a directory of them")
+    parser.add_argument("output", type=Path, help="output directory (created)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes of the local cluster (default: one per core)")
+    parser.add_argument("--scheduler", default=None,
+                        help="address of a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="nlp.pipe batch size (default: the pipeline's)")
+    parser.add_argument("--shard-size", type=int, default=1000,
+                        help="documents per shard, the unit of work and of output (default 1000)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser.parse_args(argv)
+
+
+def main(argv: List[str]) -> int:
+    args = parse_args(argv)
+    from .engine import annotate
+
+    try:
+        summary = annotate(args.model, args.input, args.output, workers=args.workers,
+                           scheduler=args.scheduler, batch_size=args.batch_size,
+                           shard_size=args.shard_size, progress=not args.no_progress)
+    except AnnotateError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    kept = f", {summary.skipped_shards} kept from an earlier run" if summary.skipped_shards else ""
+    print(f"{summary.docs} documents in {summary.shards} shards{kept}; {summary.entities} "
+          f"entities in {summary.entities_path}; {summary.seconds:.1f} s")
+    return 0

@@ -1,0 +1,223 @@
+"""Annotation on Dask distributed: one task per shard, the pipeline loaded once per worker.
+
+Without a scheduler address a ``LocalCluster`` of worker processes (one thread each) runs on
+this machine; with one, the same tasks run on that cluster, whose workers must reach the
+model, the input and OUTPUT at the same paths (docs/scaling.md). A task reads its shard,
+annotates it with ``nlp.pipe`` and writes the shard atomically (:mod:`.shards`), so a task
+that is retried after its worker died, or rerun after the whole run was interrupted, rewrites
+the same complete shard: no document is lost or annotated twice.
+
+This is the only module that imports Dask.
+"""
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import spacy
+from spacy.language import Language
+from tqdm import tqdm
+
+from .inputs import AnnotateError, Shard, plan_shards, read_shard
+from .shards import (entity_records, finished_shards, merge_entities, prepare_output,
+                     remove_temporary, score_keys, write_shard)
+
+try:
+    from distributed import Client, LocalCluster, as_completed
+except ImportError:  # pragma: no cover - the annotate extra is not installed
+    Client = LocalCluster = as_completed = None
+
+DEFAULT_SHARD_SIZE = 1000
+
+# Worker state: the pipelines this process has loaded, by model, and how often each was loaded.
+_PIPELINES: Dict[str, Language] = {}
+_LOADS: Dict[str, int] = {}
+# One load at a time, and one shard at a time on a pipeline, on workers with several threads.
+_LOAD_LOCK = threading.Lock()
+_PIPE_LOCK = threading.Lock()
+
+
+@dataclass
+class Summary:
+    """What a run did."""
+
+    docs: int  # documents in the input
+    shards: int
+    skipped_shards: int  # finished by an earlier run
+    entities: int
+    workers: int
+    seconds: float
+    entities_path: Path
+
+    @property
+    def docs_per_second(self) -> float:
+        return self.docs / self.seconds if self.seconds else float("inf")
+
+
+def load_pipeline(model: str) -> Language:
+    """The pipeline ``model`` (a path or an installed package), loaded once in this process."""
+    with _LOAD_LOCK:
+        if model not in _PIPELINES:
+            try:
+                _PIPELINES[model] = spacy.load(model)
+            except Exception as err:  # a missing model is an OSError, a broken one anything
+                raise AnnotateError(
+                    f"cannot load the pipeline {model!r} on {socket.gethostname()}: {err}"
+                ) from err
+            _LOADS[model] = _LOADS.get(model, 0) + 1
+        return _PIPELINES[model]
+
+
+def load_counts() -> Dict[str, int]:
+    """How many times this process loaded each pipeline (1 each, unless it was evicted)."""
+    return dict(_LOADS)
+
+
+def annotate_shard(
+    model: str, shard: Shard, output: str, batch_size: Optional[int]
+) -> Dict[str, Any]:
+    """The task: annotate one shard and write it. Returns its counts and this worker's pid."""
+    nlp = load_pipeline(model)
+    inputs, ids = read_shard(shard, nlp.vocab)
+    keys = score_keys(nlp)
+    docs, records = [], []
+    with _PIPE_LOCK:
+        for doc, doc_id in zip(nlp.pipe(inputs, batch_size=batch_size), ids):
+            doc.user_data["id"] = doc_id
+            docs.append(doc)
+            records.extend(entity_records(doc, doc_id, keys))
+    write_shard(Path(output), shard.index, docs, records)
+    return {"index": shard.index, "docs": len(docs), "entities": len(records), "pid": os.getpid()}
+
+
+def resolve_model(model: str, must_exist_here: bool) -> str:
+    """An absolute path for a pipeline directory here, else the name as given (an installed
+    package). Without a remote cluster the model must be loadable here: checked before any
+    worker starts."""
+    path = Path(model)
+    if path.exists():
+        if not (path / "config.cfg").is_file():
+            raise AnnotateError(f"MODEL {model} is not a spaCy pipeline directory (no config.cfg)")
+        return str(path.resolve())
+    if must_exist_here and not spacy.util.is_package(model):
+        raise AnnotateError(
+            f"MODEL {model!r} not found: it is neither a pipeline directory nor an installed "
+            f"pipeline package"
+        )
+    return model
+
+
+def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]:
+    """``(client, cluster)``: a client of the scheduler at ``scheduler``, or of a new
+    ``LocalCluster`` of ``workers`` processes with one thread each (cluster None otherwise)."""
+    if Client is None:
+        raise AnnotateError(
+            "annotate needs Dask distributed: pip install 'spacy-fsemicrf[annotate]'"
+        )
+    if scheduler:
+        try:
+            return Client(scheduler, timeout="30s"), None
+        except OSError as err:
+            raise AnnotateError(f"cannot reach the Dask scheduler at {scheduler}: {err}") from err
+    n_workers = workers or os.cpu_count() or 1
+    cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                           dashboard_address=None, silence_logs=logging.ERROR)
+    return Client(cluster), cluster
+
+
+def annotate(
+    model: str,
+    input_path: Path,
+    output: Path,
+    *,
+    workers: Optional[int] = None,
+    scheduler: Optional[str] = None,
+    batch_size: Optional[int] = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    client: Any = None,
+    progress: bool = True,
+    on_shard_done: Optional[Callable[[Dict[str, Any]], None]] = None,
+) -> Summary:
+    """Annotate every document of ``input_path`` with the pipeline ``model`` into ``output``.
+
+    Shards finished by an earlier run into the same ``output`` are kept; the others are
+    annotated. ``client`` runs the tasks on an existing Dask client (it is left open);
+    otherwise one is made from ``scheduler`` or a new LocalCluster of ``workers`` processes.
+    ``on_shard_done`` is called with each finished task's result, in the order they finish.
+    """
+    start = time.perf_counter()
+    model = resolve_model(model, must_exist_here=client is None and not scheduler)
+    shards = plan_shards(Path(input_path), shard_size)
+    output = Path(output)
+    prepare_output(output, model, shard_size, shards)
+    remove_temporary(output)
+    done = finished_shards(output, shards)
+    todo = [shard for shard in shards if shard.index not in done]
+    cluster = None
+    if todo and client is None:
+        client, cluster = connect(scheduler, workers)
+        own_client = True
+    else:
+        own_client = False
+    try:
+        n_workers = len(client.scheduler_info()["workers"]) if client is not None else 0
+        _run_tasks(client, model, todo, shards, output, batch_size, progress, on_shard_done)
+    finally:
+        if own_client:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+    remove_temporary(output)  # left by workers killed while writing (their shards were redone)
+    missing = [s.index for s in shards if s.index not in finished_shards(output, shards)]
+    if missing:  # pragma: no cover - every task either wrote its shard or raised
+        raise AnnotateError(f"shards {missing[:10]} were not written; rerun to finish them")
+    entities_path = merge_entities(output, shards)
+    with entities_path.open("rb") as f:
+        n_entities = sum(1 for _ in f)
+    return Summary(
+        docs=sum(s.count for s in shards),
+        shards=len(shards),
+        skipped_shards=len(done),
+        entities=n_entities,
+        workers=n_workers,
+        seconds=time.perf_counter() - start,
+        entities_path=entities_path,
+    )
+
+
+def _run_tasks(client, model: str, todo: List[Shard], shards: List[Shard], output: Path,
+               batch_size: Optional[int], progress: bool, on_shard_done) -> None:
+    """Submit one task per shard of ``todo`` and wait for all; the first failure cancels the
+    rest and is raised as an AnnotateError."""
+    if not todo:
+        return
+    by_key = {}
+    futures = []
+    for shard in todo:
+        future = client.submit(annotate_shard, model, shard, str(output), batch_size, pure=False)
+        by_key[future.key] = shard
+        futures.append(future)
+    total = sum(s.count for s in shards)
+    initial = total - sum(s.count for s in todo)
+    with tqdm(total=total, initial=initial, unit="doc", disable=not progress) as bar:
+        for future in as_completed(futures):
+            try:
+                result = future.result()
+            except AnnotateError:
+                client.cancel(futures)
+                raise
+            except Exception as err:  # a bug, or a shard that killed its workers (KilledWorker)
+                client.cancel(futures)
+                raise _task_error(by_key[future.key], err) from err
+            bar.update(result["docs"])
+            if on_shard_done is not None:
+                on_shard_done(result)
+
+
+def _task_error(shard: Shard, err: Exception) -> AnnotateError:
+    where = f"{shard.name}, documents {shard.start}..{shard.start + shard.count - 1}"
+    return AnnotateError(f"shard {shard.index} ({where}) failed: {type(err).__name__}: {err}")

@@ -1,0 +1,177 @@
+"""The input of ``annotate``: finding the files, splitting them into shards, reading a shard.
+
+INPUT is a ``.spacy`` file, a ``.jsonl`` file (one JSON object a line with a ``text`` field and
+an optional ``id``) or a directory searched recursively for both. A shard is a run of at most
+``shard_size`` consecutive documents of one file; the plan depends only on the input and the
+shard size, so a rerun finds the same shards.
+
+Document ids: the record's ``id`` (``.jsonl``) or ``doc.user_data["id"]`` (``.spacy``), else
+``"<file>:<n>"`` with the file's path relative to INPUT and the document's 0-based position.
+"""
+import copy
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from spacy.tokens import Doc, DocBin
+from spacy.vocab import Vocab
+
+SUFFIXES = (".jsonl", ".spacy")
+
+
+class AnnotateError(Exception):
+    """A problem with the model, the input or the output directory, worded for the user."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Documents ``start .. start + count - 1`` of one input file."""
+
+    index: int  # position in the output; names the shard's files
+    source: str  # absolute path of the input file
+    name: str  # the file's path relative to INPUT (default document ids)
+    start: int
+    count: int
+    offset: int = 0  # .jsonl: byte offset of the first record
+    line: int = 0  # .jsonl: 1-based line number of the first record
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def input_files(path: Path) -> List[Tuple[Path, str]]:
+    """``(file, name relative to INPUT)`` of every input file, in a fixed (sorted) order."""
+    if not path.exists():
+        raise AnnotateError(f"INPUT {path} does not exist")
+    if path.is_file():
+        if path.suffix not in SUFFIXES:
+            raise AnnotateError(f"INPUT {path} is neither a .spacy nor a .jsonl file")
+        return [(path.resolve(), path.name)]
+    files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+    if not files:
+        raise AnnotateError(f"INPUT directory {path} has no .spacy or .jsonl file")
+    return [(p.resolve(), p.relative_to(path).as_posix()) for p in files]
+
+
+def plan_shards(path: Path, shard_size: int) -> List[Shard]:
+    """Split every input file into shards of at most ``shard_size`` documents."""
+    if shard_size < 1:
+        raise AnnotateError(f"the shard size must be at least 1, got {shard_size}")
+    shards: List[Shard] = []
+    for file, name in input_files(path):
+        if file.suffix == ".jsonl":
+            starts = _jsonl_record_starts(file)
+            for first in range(0, len(starts), shard_size):
+                offset, line = starts[first]
+                count = min(shard_size, len(starts) - first)
+                shards.append(Shard(len(shards), str(file), name, first, count, offset, line))
+        else:
+            n_docs = len(_load_docbin(str(file), *_stamp(file)))
+            for first in range(0, n_docs, shard_size):
+                count = min(shard_size, n_docs - first)
+                shards.append(Shard(len(shards), str(file), name, first, count))
+    return shards
+
+
+def read_shard(shard: Shard, vocab: Vocab) -> Tuple[List[Any], List[Any]]:
+    """The shard's documents (texts for .jsonl, unannotated Docs for .spacy) and their ids.
+
+    Raises AnnotateError for an unreadable file, a line that is not a JSON object or a
+    document with no text."""
+    if shard.source.endswith(".jsonl"):
+        return _read_jsonl(shard)
+    return _read_spacy(shard, vocab)
+
+
+def _jsonl_record_starts(file: Path) -> List[Tuple[int, int]]:
+    """``(byte offset, line number)`` of every non-blank line."""
+    starts = []
+    offset = 0
+    try:
+        with file.open("rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if raw.strip():
+                    starts.append((offset, number))
+                offset += len(raw)
+    except OSError as err:
+        raise AnnotateError(f"cannot read {file}: {err}") from err
+    return starts
+
+
+def _read_jsonl(shard: Shard) -> Tuple[List[str], List[Any]]:
+    texts: List[str] = []
+    ids: List[Any] = []
+    try:
+        with open(shard.source, "rb") as f:
+            f.seek(shard.offset)
+            number = shard.line - 1
+            while len(texts) < shard.count:
+                raw = f.readline()
+                number += 1
+                if not raw:
+                    raise AnnotateError(f"{shard.name} ended before line {number}: it changed "
+                                        f"since the run started")
+                if not raw.strip():
+                    continue
+                where = f"{shard.name}:{number}"
+                try:
+                    record = json.loads(raw)
+                except ValueError as err:
+                    raise AnnotateError(f"{where}: not valid JSON ({err})") from err
+                if not isinstance(record, dict):
+                    raise AnnotateError(f"{where}: expected a JSON object with a 'text' field")
+                text = record.get("text")
+                if not isinstance(text, str) or not text.strip():
+                    raise AnnotateError(f"{where}: the document has no text (its 'text' field "
+                                        f"must be a non-empty string)")
+                texts.append(text)
+                ids.append(record.get("id", f"{shard.name}:{shard.start + len(ids)}"))
+    except OSError as err:
+        raise AnnotateError(f"cannot read {shard.source}: {err}") from err
+    return texts, ids
+
+
+def _read_spacy(shard: Shard, vocab: Vocab) -> Tuple[List[Doc], List[Any]]:
+    docbin = _load_docbin(shard.source, *_stamp(Path(shard.source)))
+    part = _slice_docbin(docbin, shard.start, shard.start + shard.count)
+    docs: List[Doc] = []
+    ids: List[Any] = []
+    for i, doc in enumerate(part.get_docs(vocab), start=shard.start):
+        if not doc.text.strip():
+            raise AnnotateError(f"{shard.name}: document {i} has no text")
+        # Only the words and their spacing are kept: entities already on the doc (gold ones,
+        # say) would be kept by the entity recognizers and hide their predictions.
+        spaces = [bool(t.whitespace_) for t in doc]
+        docs.append(Doc(vocab, words=[t.text for t in doc], spaces=spaces))
+        ids.append(doc.user_data.get("id", f"{shard.name}:{i}"))
+    return docs, ids
+
+
+def _stamp(file: Path) -> Tuple[int, int]:
+    """Size and modification time: a file that changes is loaded again."""
+    try:
+        stat = file.stat()
+    except OSError as err:
+        raise AnnotateError(f"cannot read {file}: {err}") from err
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=1)
+def _load_docbin(path: str, size: int, mtime_ns: int) -> DocBin:
+    """The DocBin of a .spacy file, kept for the next shard of the same file (a worker usually
+    gets several in a row)."""
+    try:
+        return DocBin(store_user_data=True).from_disk(path)
+    except Exception as err:  # zlib, msgpack and OS errors alike mean an unreadable file
+        raise AnnotateError(f"cannot read {path} as a .spacy file: {err}") from err
+
+
+def _slice_docbin(docbin: DocBin, start: int, end: int) -> DocBin:
+    """Documents ``start .. end - 1`` of ``docbin`` without building the others: a shallow copy
+    whose per-document lists are sliced (the string table and attributes are shared)."""
+    part = copy.copy(docbin)
+    for field in ("tokens", "spaces", "cats", "span_groups", "flags", "user_data"):
+        setattr(part, field, getattr(docbin, field)[start:end])
+    return part

@@ -1,0 +1,187 @@
+"""The output of ``annotate``: shard files written atomically, the manifest, entities.jsonl.
+
+OUTPUT/
+    manifest.json            the model, the shard size and every shard (checked on a rerun)
+    shards/000000.spacy      the annotated documents of shard 0 (ids in doc.user_data["id"])
+    shards/000000.jsonl      their entities, one JSON object a line
+    entities.jsonl           every shard's entities in input order, written at the end
+
+A shard is written to temporary files that are renamed into place, its ``.spacy`` file last:
+a shard exists only complete, and a crash at any moment leaves either the whole shard or no
+``.spacy`` file for it, which a rerun annotates again.
+"""
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Set
+
+import numpy
+from spacy.language import Language
+from spacy.tokens import Doc, DocBin
+
+from .inputs import AnnotateError, Shard
+
+MANIFEST_FORMAT = 1
+TMP_SUFFIX = ".tmp"
+
+
+def shard_paths(output: Path, index: int) -> Dict[str, Path]:
+    stem = output / "shards" / f"{index:06d}"
+    return {"docs": stem.with_suffix(".spacy"), "entities": stem.with_suffix(".jsonl")}
+
+
+def score_keys(nlp: Language) -> List[str]:
+    """The ``doc.spans`` keys of the pipeline's span-writing components (``spans_key``), where
+    an entity's score may be found in ``.attrs["scores"]``."""
+    keys = []
+    for _, pipe in nlp.pipeline:
+        key = getattr(pipe, "spans_key", None)
+        if isinstance(key, str) and key not in keys:
+            keys.append(key)
+    return keys
+
+
+def entity_records(doc: Doc, doc_id: Any, keys: List[str]) -> List[Dict[str, Any]]:
+    """One record per entity of ``doc.ents``: id, start/end character, label, text and score
+    (the span's score in the first of ``keys`` holding it, else None)."""
+    scores: Dict[tuple, float] = {}
+    for key in reversed(keys):  # the first key wins
+        group = doc.spans.get(key)
+        values = None if group is None else group.attrs.get("scores")
+        if values is None or len(values) != len(group):
+            continue
+        for span, score in zip(group, numpy.asarray(values).tolist()):
+            scores[(span.start, span.end, span.label)] = float(score)
+    return [
+        {
+            "id": doc_id,
+            "start": ent.start_char,
+            "end": ent.end_char,
+            "label": ent.label_,
+            "text": ent.text,
+            "score": scores.get((ent.start, ent.end, ent.label)),
+        }
+        for ent in doc.ents
+    ]
+
+
+def write_shard(output: Path, index: int, docs: List[Doc], records: List[Dict[str, Any]]) -> None:
+    """Write the shard's entities, then its documents, each to a temporary file renamed into
+    place; on any error the temporary files are removed and nothing of the shard is left."""
+    paths = shard_paths(output, index)
+    docbin = DocBin(store_user_data=True, docs=docs)
+    lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    tmp_entities = tmp_docs = None
+    try:
+        tmp_entities = _write_tmp(paths["entities"], lines.encode("utf8"))
+        tmp_docs = _write_tmp(paths["docs"], docbin.to_bytes())
+        os.replace(tmp_entities, paths["entities"])
+        tmp_entities = None
+        os.replace(tmp_docs, paths["docs"])  # the shard exists from here on
+        tmp_docs = None
+    finally:
+        for tmp in (tmp_entities, tmp_docs):
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def _write_tmp(final: Path, data: bytes) -> str:
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=TMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def finished_shards(output: Path, shards: Iterable[Shard]) -> Set[int]:
+    """Indices of the shards whose ``.spacy`` and entity files both exist."""
+    return {
+        shard.index
+        for shard in shards
+        if all(p.exists() for p in shard_paths(output, shard.index).values())
+    }
+
+
+def remove_temporary(output: Path) -> int:
+    """Remove temporary files left by an interrupted run; their number."""
+    removed = 0
+    for tmp in (output / "shards").glob(f".*{TMP_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def prepare_output(output: Path, model: str, shard_size: int, shards: List[Shard]) -> None:
+    """Create OUTPUT with its manifest, or check that an existing one was written for the same
+    model, input and shard size (a rerun must find the same shards)."""
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "model": model,
+        "shard_size": shard_size,
+        "shards": [shard.to_dict() for shard in shards],
+    }
+    path = output / "manifest.json"
+    (output / "shards").mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        previous = _read_manifest(path)
+        for field in ("model", "shard_size", "shards"):
+            if previous.get(field) != manifest[field]:
+                what = "input" if field == "shards" else field.replace("_", " ")
+                raise AnnotateError(
+                    f"OUTPUT {output} holds a run with another {what}; annotate into a new "
+                    f"OUTPUT directory, or rerun with the same model, input and shard size"
+                )
+        return
+    _replace(path, json.dumps(manifest, indent=1).encode("utf8"))
+
+
+def _read_manifest(path: Path) -> Dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf8"))
+    except (OSError, ValueError) as err:
+        raise AnnotateError(f"cannot read {path}: {err}") from err
+
+
+def merge_entities(output: Path, shards: List[Shard]) -> Path:
+    """Concatenate the shards' entity files, in input order, into OUTPUT/entities.jsonl."""
+    final = output / "entities.jsonl"
+    fd, tmp = tempfile.mkstemp(dir=output, prefix=".entities.", suffix=TMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for shard in shards:
+                out.write(shard_paths(output, shard.index)["entities"].read_bytes())
+        os.replace(tmp, final)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return final
+
+
+def _replace(final: Path, data: bytes) -> None:
+    tmp = _write_tmp(final, data)
+    os.replace(tmp, final)
+
+
+def read_output(output: Path, vocab) -> List[Doc]:
+    """Every annotated document of OUTPUT, in input order (ids in ``doc.user_data["id"]``)."""
+    manifest = _read_manifest(output / "manifest.json")
+    docs: List[Doc] = []
+    for shard in manifest["shards"]:
+        path = shard_paths(output, shard["index"])["docs"]
+        if not path.exists():
+            raise AnnotateError(f"{path} is missing: the run has not finished; rerun it")
+        docs.extend(DocBin().from_disk(path).get_docs(vocab))
+    return docs
+
+
+def read_entities(output: Path) -> List[Dict[str, Any]]:
+    """The records of OUTPUT/entities.jsonl."""
+    with (output / "entities.jsonl").open(encoding="utf8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+

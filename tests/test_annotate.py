@@ -1,0 +1,293 @@
+"""``python -m spacy_fsemicrf annotate``: a Dask LocalCluster of two worker processes annotates a
+few hundred short documents (a directory of a .jsonl and a .spacy file) like ``nlp.pipe`` in one
+process, every document exactly once, also when a worker is killed mid-run and when the whole
+run is killed and run again; bad models and inputs fail clearly and leave no partial shard.
+"""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import spacy
+from spacy.tokens import DocBin
+
+distributed = pytest.importorskip("distributed")
+
+from spacy_fsemicrf.annotate import (  # noqa: E402
+    AnnotateError, annotate, read_entities, read_output)
+from spacy_fsemicrf.annotate.cli import main as cli_main  # noqa: E402
+from spacy_fsemicrf.annotate.engine import load_counts  # noqa: E402
+from spacy_fsemicrf.annotate.inputs import plan_shards, read_shard  # noqa: E402
+from spacy_fsemicrf.annotate.shards import entity_records, shard_paths, write_shard  # noqa: E402
+
+N_JSONL, N_SPACY = 160, 80
+SHARD, BATCH = 20, 10  # shards are whole batches, so the batches equal nlp.pipe's
+PEOPLE = ["John Smith", "Mary", "Anna Lee", "Peter", "Laura Palmer"]
+ORGS = ["Google", "Microsoft", "Tesla", "Amazon", "Apple"]
+PLACES = ["Paris", "Berlin", "Rome", "Madrid", "London", "Norway"]
+TEMPLATES = [
+    "{p} works for {o} in {l} .",
+    "{p} flew to {l} on Monday .",
+    "{o} hired {p} last year .",
+    "Sales at {o} rose in {l} .",
+    "Nobody said anything about {l} .",
+]
+
+
+def make_texts(n: int, seed: int):
+    rng = random.Random(seed)
+    return [rng.choice(TEMPLATES).format(p=rng.choice(PEOPLE), o=rng.choice(ORGS),
+                                         l=rng.choice(PLACES))
+            for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(trained_nlp, tmp_path_factory):
+    path = tmp_path_factory.mktemp("annotate") / "model"
+    trained_nlp.to_disk(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A directory with a.jsonl (ids given) and b.spacy (ids given to every other document,
+    a wrong "gold" entity on each that annotation must not keep)."""
+    root = tmp_path_factory.mktemp("corpus")
+    with (root / "a.jsonl").open("w") as f:
+        for i, text in enumerate(make_texts(N_JSONL, 0)):
+            f.write(json.dumps({"id": f"a-{i}", "text": text}) + "\n")
+            if i % 50 == 7:
+                f.write("\n")  # blank lines are skipped
+    nlp = spacy.blank("en")
+    db = DocBin(store_user_data=True)
+    for i, text in enumerate(make_texts(N_SPACY, 1)):
+        doc = nlp.make_doc(text)
+        doc.ents = [doc.char_span(0, len(doc[0].text), label="MISC")]
+        if i % 2:
+            doc.user_data["id"] = f"b-{i}"
+        db.add(doc)
+    db.to_disk(root / "b.spacy")
+    return root
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir, corpus):
+    """(ids, entity tuples per document, entities.jsonl records) of nlp.pipe in one process."""
+    nlp = spacy.load(model_dir)
+    records_in = [json.loads(line) for line in (corpus / "a.jsonl").open() if line.strip()]
+    ids = [r["id"] for r in records_in]
+    docs = list(nlp.pipe([r["text"] for r in records_in], batch_size=BATCH))
+    fresh = []
+    for i, doc in enumerate(DocBin().from_disk(corpus / "b.spacy").get_docs(nlp.vocab)):
+        ids.append(doc.user_data.get("id", f"b.spacy:{i}"))
+        fresh.append(spacy.tokens.Doc(nlp.vocab, words=[t.text for t in doc],
+                                      spaces=[bool(t.whitespace_) for t in doc]))
+    docs += list(nlp.pipe(fresh, batch_size=BATCH))
+    key = nlp.get_pipe("fsemicrf_ner").spans_key
+    records = [r for doc, i in zip(docs, ids) for r in entity_records(doc, i, [key])]
+    assert sum(r["score"] is not None for r in records) == len(records) > 100
+    return ids, [ents(doc) for doc in docs], records
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+def ents(doc):
+    return [(e.start_char, e.end_char, e.label_) for e in doc.ents]
+
+
+def check_output(out: Path, expected, vocab) -> None:
+    ids, doc_ents, records = expected
+    docs = read_output(out, vocab)
+    assert [doc.user_data["id"] for doc in docs] == ids  # every document once, in input order
+    assert [ents(doc) for doc in docs] == doc_ents
+    got = read_entities(out)
+    assert [{**r, "score": None} for r in got] == [{**r, "score": None} for r in records]
+    assert [r["score"] for r in got] == pytest.approx([r["score"] for r in records], abs=1e-5)
+    assert not list((out / "shards").glob(".*"))  # no temporary file left
+
+
+def test_two_workers_annotate_like_nlp_pipe(client, model_dir, corpus, expected, tmp_path):
+    done = []
+    summary = annotate(str(model_dir), corpus, tmp_path / "out", client=client, shard_size=SHARD,
+                       batch_size=BATCH, progress=False, on_shard_done=done.append)
+    check_output(tmp_path / "out", expected, spacy.blank("en").vocab)
+    assert summary.docs == N_JSONL + N_SPACY and summary.shards == len(done) == 12
+    assert summary.entities == len(expected[2]) and summary.workers == 2
+    assert sorted(r["index"] for r in done) == list(range(12))
+    # The pipeline was loaded once in each worker, not once per task.
+    assert list(client.run(load_counts).values()) == [{str(model_dir): 1}] * 2
+
+
+def test_a_killed_worker_loses_no_document(client, model_dir, corpus, expected, tmp_path):
+    killed = []
+
+    def kill_a_busy_worker(result):
+        if killed:
+            return
+        busy = [addr for addr, keys in client.processing().items() if keys]
+        if not busy:
+            return  # try again when the next shard is done
+        pid = client.run(os.getpid, workers=busy[:1])[busy[0]]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    annotate(str(model_dir), corpus, tmp_path / "out", client=client, shard_size=SHARD // 2,
+             batch_size=BATCH, progress=False, on_shard_done=kill_a_busy_worker)
+    assert killed
+    check_output(tmp_path / "out", expected, spacy.blank("en").vocab)
+    client.wait_for_workers(2, timeout=120)  # the nanny restarts it for the next tests
+
+
+def cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "spacy_fsemicrf", "annotate", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_an_interrupted_run_finishes_on_rerun(client, model_dir, corpus, expected, tmp_path):
+    out = tmp_path / "out"
+    args = [str(model_dir), str(corpus), str(out), "--shard-size", str(SHARD // 2),
+            "--batch-size", str(BATCH), "--no-progress"]
+    # Kill the command and its whole local cluster (its process group) mid-run.
+    run = cli(*args, "--workers", "2", start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(list((out / "shards").glob("*.spacy"))) < 3 and run.poll() is None:
+        assert time.monotonic() < deadline, "no shard written in 300 s"
+        time.sleep(0.02)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    while _group_alive(run.pid):  # its workers too, before looking at what they left
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "shards").glob("*.spacy")}
+    assert 3 <= len(before) < 24 and not (out / "entities.jsonl").exists()
+
+    rerun = cli(*args, "--scheduler", client.scheduler.address)
+    stdout, stderr = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, stderr[-3000:]
+    assert f"{len(before)} kept from an earlier run" in stdout
+    after = {p.name: p.stat().st_mtime_ns for p in (out / "shards").glob("*.spacy")}
+    assert len(after) == 24 and all(after[name] == t for name, t in before.items())
+    check_output(out, expected, spacy.blank("en").vocab)
+
+
+def test_a_missing_model_fails_before_any_output(corpus, tmp_path, capsys):
+    assert cli_main([str(tmp_path / "no-model"), str(corpus), str(tmp_path / "out")]) == 1
+    assert "not found" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_missing_on_the_workers_fails_clearly(client, corpus, tmp_path):
+    with pytest.raises(AnnotateError, match="cannot load the pipeline 'no_such_pipeline'"):
+        annotate("no_such_pipeline", corpus, tmp_path / "out", client=client, progress=False)
+
+
+@pytest.mark.parametrize(
+    "bad_line,message",
+    [("{not json", r"in.jsonl:\d+: not valid JSON"),
+     (json.dumps({"id": "x"}), r"in.jsonl:\d+: the document has no text"),
+     (json.dumps({"id": "x", "text": " "}), r"in.jsonl:\d+: the document has no text")],
+)
+def test_a_bad_record_fails_its_shard_and_leaves_nothing_of_it(client, model_dir, tmp_path,
+                                                              bad_line, message):
+    lines = [json.dumps({"text": t}) for t in make_texts(30, 2)]
+    lines.insert(25, bad_line)  # in the third shard of 10
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    with pytest.raises(AnnotateError, match=message):
+        annotate(str(model_dir), tmp_path / "in.jsonl", out, client=client, shard_size=10,
+                 progress=False)
+    assert not shard_paths(out, 2)["docs"].exists() and not shard_paths(out, 2)["entities"].exists()
+    # (Shards in flight elsewhere may still be writing theirs: only shard 2 is checked.)
+    assert not list((out / "shards").glob(".000002.*")) and not (out / "entities.jsonl").exists()
+
+
+def test_unreadable_inputs_fail_clearly(tmp_path):
+    (tmp_path / "broken.spacy").write_bytes(b"not a DocBin")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(AnnotateError, match="cannot read .*broken.spacy"):
+        plan_shards(tmp_path / "broken.spacy", 10)
+    with pytest.raises(AnnotateError, match="neither a .spacy nor a .jsonl"):
+        plan_shards(tmp_path / "notes.txt", 10)
+    with pytest.raises(AnnotateError, match="does not exist"):
+        plan_shards(tmp_path / "missing.jsonl", 10)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AnnotateError, match="no .spacy or .jsonl"):
+        plan_shards(tmp_path / "empty", 10)
+
+
+def test_a_rerun_with_other_settings_is_refused(model_dir, corpus, tmp_path):
+    out = tmp_path / "out"
+    from spacy_fsemicrf.annotate.shards import prepare_output
+
+    prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
+    with pytest.raises(AnnotateError, match="another shard size"):
+        annotate(str(model_dir), corpus, out, shard_size=20, progress=False)
+
+
+def test_shards_read_every_record_once(corpus):
+    nlp = spacy.blank("en")
+    for size in (1, 7, 50, 1000):
+        shards = plan_shards(corpus, size)
+        assert [s.index for s in shards] == list(range(len(shards)))
+        texts, ids = [], []
+        for shard in shards:
+            inputs, shard_ids = read_shard(shard, nlp.vocab)
+            assert len(inputs) == len(shard_ids) == shard.count <= size
+            texts += [x if isinstance(x, str) else x.text for x in inputs]
+            ids += shard_ids
+        assert ids == [f"a-{i}" for i in range(N_JSONL)] + [
+            f"b-{i}" if i % 2 else f"b.spacy:{i}" for i in range(N_SPACY)]
+        assert texts == make_texts(N_JSONL, 0) + make_texts(N_SPACY, 1)
+
+
+def test_entity_scores_come_from_the_span_group(trained_nlp):
+    doc = trained_nlp("John Smith works for Google in Paris .")
+    key = trained_nlp.get_pipe("fsemicrf_ner").spans_key
+    group = doc.spans[key]
+    records = entity_records(doc, 7, [key])
+    assert [(r["start"], r["end"], r["label"]) for r in records] == ents(doc) and records
+    by_span = {(s.start_char, s.end_char): float(x) for s, x in zip(group, group.attrs["scores"])}
+    assert [r["score"] for r in records] == [by_span[(r["start"], r["end"])] for r in records]
+    assert all(r["id"] == 7 for r in records)
+    assert all(r["score"] is None for r in entity_records(doc, 7, ["other"]))
+
+
+def test_a_failed_shard_write_leaves_nothing(tmp_path):
+    nlp = spacy.blank("en")
+    doc = nlp("Hello there .")
+    doc.user_data["id"] = object()  # not serializable: the write fails midway
+    (tmp_path / "shards").mkdir()
+    with pytest.raises(Exception):
+        write_shard(tmp_path, 0, [doc], [{"id": "x"}])
+    assert list((tmp_path / "shards").iterdir()) == []
+
+
+
+def test_the_module_command_dispatches(capsys):
+    from spacy_fsemicrf.__main__ import main
+
+    assert main([]) == 2 and main(["--help"]) == 0 and main(["no-such-command"]) == 2
+    assert "annotate" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["annotate", "--help"])
+    assert exit_info.value.code == 0 and "--scheduler" in capsys.readouterr().out
