@@ -18,6 +18,7 @@ writes it next to the JSON (``--output X.json`` gives ``X.md`` too).
 """
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -207,7 +208,7 @@ def peak_memory_child(path: str) -> None:
     """Run in a fresh process: print the peak resident-memory growth of filtered log Z plus
     its backward, over the inputs written by :func:`training_nodes_file`."""
     torch.set_num_threads(1)
-    inputs = torch.load(path)
+    inputs = torch.load(path, weights_only=True)
     scores = inputs["scores"].requires_grad_(True)
     filtered.filtered_log_partition(scores[:1, :8], inputs["mask"][:1, :8])  # warm up
     # Reset the kernel's peak-RSS mark (Linux clear_refs 5), so that the peak read afterwards
@@ -254,6 +255,7 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    load_before = os.getloadavg()  # other work on the machine skews the timings: record it
     if args.quick:
         args.lengths = [L for L in args.lengths if L <= 256]
         args.repeats = 2
@@ -296,6 +298,8 @@ def main() -> None:
         "false_positives": args.false_positives, "torch": torch.__version__, "machine": platform.machine(),
         "processor": platform.processor(), "command": " ".join(sys.argv),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cpu_count": os.cpu_count(), "load_average_before": load_before[0],
+        "load_average_after": os.getloadavg()[0],
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"meta": meta, "rows": rows, "memory": memory}, indent=2) + "\n")
@@ -310,7 +314,9 @@ def markdown(rows, memory, meta) -> str:
         f"median of {meta['repeats']} rounds of {meta.get('block', 1)} calls in a row per head; seconds "
         f"per batch, warm (the steady state: median of the calls after the first of each round), "
         f"and cold (the first call of a round, right after another head's work); "
-        f"{meta['distractors']} distractors per gold span, {meta['false_positives']} stray spans per token.",
+        f"{meta['distractors']} distractors per gold span, {meta['false_positives']} stray spans per token"
+        + (f"; load average {meta['load_average_before']:.1f} before, {meta['load_average_after']:.1f} "
+           f"after, {meta['cpu_count']} CPUs" if "load_average_before" in meta else "") + ".",
         "",
         "| C | L | kept nodes / doc (L·K cand.) | filtered decode | semi-CRF decode | CRF decode "
         "| vs semi-CRF | vs CRF | cold: filtered | cold: vs semi-CRF | cold: vs CRF "

@@ -321,6 +321,9 @@ def main(argv=None) -> None:
 
     set_threads(args.threads)
     if args.gpu_id >= 0:
+        from thinc.api import set_gpu_allocator
+
+        set_gpu_allocator("pytorch")  # one memory pool, so the peak memory counts all of it
         spacy.require_gpu(args.gpu_id)
     models, missing = parse_models(args.models, args.training_dir)
     for name, path in missing:
