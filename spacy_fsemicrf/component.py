@@ -134,7 +134,8 @@ def make_fsemicrf_ner(
         paper's filter; above 0 trades precision for recall, below 0 the reverse. Only the
         filtered semi-CRF head filters; the other heads need 0.
     threshold (float): predicted entities scoring below it are left out of doc.ents and
-        doc.spans[spans_key]; 0 keeps every decoded entity.
+        doc.spans[spans_key]; 0 keeps every decoded entity. The scores are calibrated when
+        the pipeline carries a calibration map (spacy_fsemicrf.calibration), raw otherwise.
     candidates_key (Optional[str]): ``doc.spans`` key for the candidates the head considered
         (the filtered head's kept nodes; the other heads' spans of marginal above 0.01, and the
         decoded entities), with their scores; None (the default) leaves them out.
@@ -445,6 +446,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         return numpy.asarray(rows, dtype="int64"), numpy.asarray(values, dtype="float32")
 
     def set_annotations(self, docs: Iterable[Doc], rows_values) -> None:
+        """Write the output of :meth:`predict`: the entities scoring at least ``threshold``
+        (calibrated scores with a calibration map, raw confidences without) to
+        ``doc.spans[spans_key]`` and ``doc.ents``, the path probability, the candidates."""
         docs = list(docs)
         out = split_rows(*rows_values)
         if self.calibration is None and not self._warned_uncalibrated and len(out.entities):

@@ -5,8 +5,10 @@ enumeration on tiny random inputs; the calibration map against synthetic data wi
 map; the pipeline settings (threshold, candidates_key, the stored map) through config,
 to_disk and spacy.load; the training callback on a tiny corpus.
 """
+import importlib.util
 import logging
 import math
+from pathlib import Path
 from typing import Dict, Tuple
 
 import numpy
@@ -433,3 +435,30 @@ def test_the_command_calibrates_a_saved_pipeline(small_nlp, tmp_path, capsys):
     assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is not None
     with pytest.raises(SystemExit):
         calibration.main(["no_such_package", str(dev)])
+
+
+def _confidence_script():
+    spec = importlib.util.spec_from_file_location(
+        "confidence_script", Path(__file__).parent.parent / "scripts" / "confidence.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_measures():
+    script = _confidence_script()
+    scores = numpy.array([0.95, 0.95, 0.75, 0.35, 0.05])
+    correct = numpy.array([True, False, True, True, False])
+    # bins: 0.9-1.0 holds 2 (score 0.95, accuracy 0.5), 0.7-0.8: 1 (0.75, 1), 0.3-0.4: 1, 0.0-0.1: 1
+    expected = (2 * 0.45 + 0.25 + 0.65 + 0.05) / 5
+    assert script.ece(scores, correct) == pytest.approx(expected)
+    thresholds, precision, recall, area = script.pr_curve(scores, correct, n_gold=4)
+    assert thresholds.tolist() == [0.95, 0.75, 0.35, 0.05]  # ties enter together
+    assert precision.tolist() == pytest.approx([1 / 2, 2 / 3, 3 / 4, 3 / 5])
+    assert recall.tolist() == pytest.approx([1 / 4, 2 / 4, 3 / 4, 3 / 4])
+    assert area == pytest.approx(0.25 * (1 / 2 + 2 / 3 + 3 / 4))
+    out = script.summary(scores, correct, n_gold=4)
+    assert out["brier"] == pytest.approx(numpy.mean((scores - correct) ** 2))
+    assert out["share_ge_0999"] == 0.0 and out["n_correct"] == 3
+    assert out["pr_curve"][0] == {"threshold": 0.0, "precision": 0.6, "recall": 0.75}
