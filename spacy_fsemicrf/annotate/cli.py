@@ -43,6 +43,10 @@ def main(argv: List[str]) -> int:
     except AnnotateError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to finish (finished shards are kept)",
+              file=sys.stderr)
+        return 130
     kept = f", {summary.skipped_shards} kept from an earlier run" if summary.skipped_shards else ""
     print(f"{summary.docs} documents in {summary.shards} shards{kept}; {summary.entities} "
           f"entities in {summary.entities_path}; {summary.seconds:.1f} s")

@@ -1,0 +1,221 @@
+"""Documents per second of four ways to annotate a corpus, side by side on one machine.
+
+    python benchmarks/scale.py MODEL [--test corpus/test.spacy] [--output benchmarks/results/scale]
+
+The CoNLL-2003 test set (``scripts/prepare_conll.py``: documents of 10 sentences) is annotated,
+as plain texts, by:
+
+* ``nlp.pipe``: one process, PyTorch's default thread count (and, for reference, one thread);
+* ``nlp.pipe(n_process=2)``: in the same process, after it has predicted (the way users hit the
+  fork hang that ``spacy_fsemicrf.fork_safety`` fixes);
+* ``annotate`` on a Dask LocalCluster of 1 and of 2 worker processes (one thread each), warm:
+  the cluster started and the pipeline loaded on every worker before the clock starts; the
+  cold run (starting the cluster and loading the pipeline) is timed once apart.
+
+Every way runs ``--repeats`` times, interleaved, and the median is reported; every way must
+produce the entities of ``nlp.pipe``. Writes OUTPUT.json and OUTPUT.md.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import dask
+import distributed
+import spacy
+import srsly
+import torch
+from spacy.tokens import DocBin
+
+from spacy_fsemicrf.annotate import read_entities
+from spacy_fsemicrf.annotate.engine import annotate, load_pipeline
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a trained pipeline directory")
+    parser.add_argument("--test", type=Path, default=Path("corpus/test.spacy"))
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/scale"))
+    parser.add_argument("--batch-size", type=int, default=16, help="documents per nlp.pipe batch")
+    parser.add_argument("--shard-size", type=int, default=32, help="documents per Dask task")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model-label", default=None,
+                        help="what the model is, for the report (default: its path)")
+    return parser.parse_args()
+
+
+def entity_tuples(docs) -> List[tuple]:
+    return [tuple((e.start_char, e.end_char, e.label_) for e in doc.ents) for doc in docs]
+
+
+def output_tuples(out: Path, n_docs: int) -> List[tuple]:
+    per_doc: Dict[int, list] = {i: [] for i in range(n_docs)}
+    for r in read_entities(out):
+        per_doc[int(r["id"])].append((r["start"], r["end"], r["label"]))
+    return [tuple(per_doc[i]) for i in range(n_docs)]
+
+
+def load_average() -> List[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class Dask:
+    """A warm LocalCluster of ``n`` workers that annotates the corpus into fresh directories."""
+
+    def __init__(self, n: int, model: str, corpus: Path, n_docs: int, scratch: Path, args) -> None:
+        self.n, self.model, self.corpus, self.n_docs = n, model, corpus, n_docs
+        self.scratch, self.args = scratch, args
+        self.runs = 0
+        start = time.perf_counter()
+        self.cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                                dashboard_address=None)
+        self.client = distributed.Client(self.cluster)
+        self.client.run(load_pipeline, model)
+        self.startup_s = time.perf_counter() - start
+
+    def __call__(self) -> List[tuple]:
+        self.runs += 1
+        out = self.scratch / f"dask{self.n}-{self.runs}"
+        annotate(self.model, self.corpus, out, client=self.client, progress=False,
+                 batch_size=self.args.batch_size, shard_size=self.args.shard_size)
+        return output_tuples(out, self.n_docs)
+
+    def close(self) -> None:
+        self.client.close()
+        self.cluster.close()
+
+
+def one_thread(run: Callable[[], List[tuple]]) -> List[tuple]:
+    """``run()`` with PyTorch on one thread in this process."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def cold_dask(n: int, model: str, corpus: Path, out: Path, args) -> float:
+    """Seconds of one ``annotate`` that starts its own cluster and loads the pipeline."""
+    start = time.perf_counter()
+    annotate(model, corpus, out, workers=n, progress=False, batch_size=args.batch_size,
+             shard_size=args.shard_size)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    args = parse_args()
+    model = str(Path(args.model).resolve())
+    nlp = spacy.load(model)
+    texts = [doc.text for doc in DocBin().from_disk(args.test).get_docs(nlp.vocab)]
+    n_words = sum(len(doc) for doc in nlp.tokenizer.pipe(texts))
+    load_before = load_average()
+    reference = entity_tuples(nlp.pipe(texts, batch_size=args.batch_size))  # also the warm-up
+
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        corpus = scratch / "test.jsonl"
+        srsly.write_jsonl(corpus, [{"id": i, "text": t} for i, t in enumerate(texts)])
+        clusters = {n: Dask(n, model, corpus, len(texts), scratch, args) for n in (1, 2)}
+        ways: Dict[str, Callable[[], List[tuple]]] = {
+            "nlp.pipe": lambda: entity_tuples(nlp.pipe(texts, batch_size=args.batch_size)),
+            "nlp.pipe, 1 thread": lambda: one_thread(
+                lambda: entity_tuples(nlp.pipe(texts, batch_size=args.batch_size))),
+            "nlp.pipe(n_process=2)": lambda: entity_tuples(
+                nlp.pipe(texts, batch_size=args.batch_size, n_process=2)),
+            "Dask, 1 worker": clusters[1],
+            "Dask, 2 workers": clusters[2],
+        }
+        seconds: Dict[str, List[float]] = {name: [] for name in ways}
+        same: Dict[str, bool] = {name: True for name in ways}
+        for _ in range(args.repeats):
+            for name, run in ways.items():
+                start = time.perf_counter()
+                got = run()
+                seconds[name].append(time.perf_counter() - start)
+                same[name] &= got == reference
+        startup = {name: clusters[n].startup_s
+                   for n, name in ((1, "Dask, 1 worker"), (2, "Dask, 2 workers"))}
+        for cluster in clusters.values():
+            cluster.close()
+        cold = {n: cold_dask(n, model, corpus, scratch / f"cold{n}", args) for n in (1, 2)}
+
+    base = statistics.median(seconds["nlp.pipe"])
+    rows = []
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        rows.append({
+            "way": name,
+            "seconds": [round(v, 3) for v in values],
+            "median_s": round(median, 3),
+            "docs_per_s": round(len(texts) / median, 1),
+            "words_per_s": round(n_words / median),
+            "speedup": round(base / median, 2),
+            "same_entities_as_nlp_pipe": same[name],
+            "warm_start_s": round(startup[name], 1) if name in startup else None,
+        })
+    meta = srsly.read_json(Path(model) / "meta.json")
+    result = {
+        "corpus": {"file": str(args.test), "docs": len(texts), "words": n_words},
+        "model": {"path": args.model, "label": args.model_label or f"`{args.model}`",
+                  "pipeline": meta.get("pipeline"),
+                  "ents_f": (meta.get("performance") or {}).get("ents_f")},
+        "batch_size": args.batch_size,
+        "shard_size": args.shard_size,
+        "repeats": args.repeats,
+        "rows": rows,
+        "cold_dask_s": {str(n): round(s, 1) for n, s in cold.items()},
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "load_average_before": load_before, "load_average_after": load_average(),
+                    "python": platform.python_version(), "torch": torch.__version__,
+                    "spacy": spacy.__version__, "dask": dask.__version__},
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    args.output.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+def markdown(result: Dict) -> str:
+    c, m, mach = result["corpus"], result["model"], result["machine"]
+    lines = [
+        "# Annotation throughput: nlp.pipe, n_process=2 and Dask, side by side",
+        "",
+        f"Written by `benchmarks/scale.py`. Corpus: `{c['file']}` (CoNLL-2003 test, "
+        f"{c['docs']} documents of 10 sentences, {c['words']} words), annotated as plain texts. "
+        f"Model: {m['label']} (pipeline {', '.join(m['pipeline'] or [])}; dev ents_f "
+        f"{m['ents_f']}). Batches of {result['batch_size']} documents; Dask tasks of "
+        f"{result['shard_size']} documents. Median of {result['repeats']} interleaved runs.",
+        "",
+        f"Machine: {mach['cpus']} CPUs; PyTorch {mach['torch']} with {mach['torch_threads']} "
+        f"threads in the single process (one per worker process otherwise); load average "
+        f"{mach['load_average_before']} before and {mach['load_average_after']} after (1, 5, "
+        f"15 min).",
+        "",
+        "| way | median s | docs/s | words/s | speedup | same entities | warm start s |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for r in result["rows"]:
+        start = "" if r["warm_start_s"] is None else r["warm_start_s"]
+        lines.append(f"| {r['way']} | {r['median_s']} | {r['docs_per_s']} | {r['words_per_s']} | "
+                     f"{r['speedup']}x | {'yes' if r['same_entities_as_nlp_pipe'] else 'NO'} | "
+                     f"{start} |")
+    cold = result["cold_dask_s"]
+    lines += [
+        "",
+        "Speedup: against `nlp.pipe` in one process. Warm start: starting the LocalCluster and "
+        "loading the pipeline on its workers, before the timed runs. A cold `annotate` (the "
+        f"command as a user runs it: cluster start, pipeline load, annotation) took "
+        f"{cold['1']} s with 1 worker and {cold['2']} s with 2.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
