@@ -21,8 +21,12 @@ from spacy.util import registry
 from thinc.api import Model
 from thinc.types import Floats2d, Ints1d, Ints2d
 
-from .head_model import HeadInput, build_head, is_initialized, make_head_model, torch_head
+from .head_model import (
+    HeadInput, build_head, is_initialized, make_head_model, padded_torch_inputs, torch_head,
+)
 from .structured.heads import HEADS
+from .structured.nbest import Segmentation
+from .structured.prediction import DecodeOptions
 
 FILTERED_SEMICRF = "spacy-fsemicrf.FilteredSemiCRF.v1"
 SEMICRF = "spacy-fsemicrf.SemiCRF.v1"
@@ -36,12 +40,15 @@ class ModelInput(NamedTuple):
     gold: ``None`` to predict, else rows ``(doc, start, end_inclusive, label 1..M)``.
     mask: optional, one bool per document; ``False`` leaves the document out of the loss.
     filter_margin: prediction-time margin of the filtered head (log-odds; 0 for the others).
+    options: what a prediction returns besides the entities (None: only ``(spans, scores)``;
+        else a :class:`~.head_model.BatchPrediction`).
     """
 
     docs: List[Doc]
     gold: Optional[Ints2d] = None
     mask: Optional[numpy.ndarray] = None
     filter_margin: float = 0.0
+    options: Optional[DecodeOptions] = None
 
 
 @registry.architectures(FILTERED_SEMICRF)
@@ -192,7 +199,7 @@ def forward(model: Model[ModelInput, Any], X: ModelInput, is_train: bool):
         return 0.0, lambda dY: []
     Xs, backprop_tok2vec = model.get_ref("tok2vec")(docs, is_train)
     words = word_ids(docs) if model.attrs["word_pool"] else None
-    head_input = HeadInput(Xs, X.gold, X.mask, words, X.filter_margin)
+    head_input = HeadInput(Xs, X.gold, X.mask, words, X.filter_margin, X.options)
     Y, backprop_head = model.get_ref("head")(head_input, is_train)
 
     def backprop(dY):
@@ -250,3 +257,23 @@ def model_is_initialized(model: Model) -> bool:
 def model_torch_head(model: Model):
     """The PyTorch head module of a ``spacy-fsemicrf.*`` model."""
     return torch_head(model.get_ref("head"))
+
+
+def model_nbest(
+    model: Model, docs: List[Doc], k: int, filter_margin: float = 0.0
+) -> List[List[Segmentation]]:
+    """The ``k`` best segmentations of each of ``docs`` (run through the pipeline's components
+    before this one, so that a tok2vec listener finds their vectors), best first."""
+    docs = list(docs)
+    if not any(len(doc) for doc in docs):
+        return [[Segmentation((), 0.0, 0.0)] for _ in docs]
+    Xs = model.get_ref("tok2vec").predict(docs)
+    words = word_ids(docs) if model.attrs["word_pool"] else None
+    head_model = model.get_ref("head")
+    X, lengths, kwargs = padded_torch_inputs(head_model, HeadInput(Xs, words=words))
+    if filter_margin:
+        kwargs["filter_margin"] = float(filter_margin)
+    head = torch_head(head_model)
+    if head.training:
+        head.eval()
+    return head.nbest(X, lengths, k, **kwargs)

@@ -1,14 +1,16 @@
 """Calibrated entity confidences: a monotone map from a head's raw confidence to the
 probability that the entity is correct, fitted on held-out documents.
 
-The map is isotonic regression of the outcomes (correct or not) on the raw confidence,
-interpolated between its steps (:func:`fit_calibration`). A head's raw confidences are
-probabilities but not calibrated ones, and not in a shape a two-parameter map can fix: the
-filtered head's local probabilities stop short of 1 when it is trained with boundary smoothing
-(the targets put ``eps`` on null), while the semi-CRFs' marginals pile up at 1. Isotonic
-regression fits any non-decreasing shape and keeps the order of the raw confidences, so
-thresholding a calibrated score is thresholding the raw one. The map is stored in the
-component's ``cfg`` (saved with the pipeline), so a loaded pipeline gives calibrated scores.
+Two kinds of map, and the fit picks one by cross-validation on the documents it is given
+(:func:`fit_calibration`), because neither suits every head: Platt scaling (a logistic function
+of the logit of the raw confidence, two parameters) fits the semi-CRFs' marginals, which pile
+up towards 1 with a roughly logistic relation to correctness; isotonic regression fits any
+non-decreasing shape, such as the filtered head's local probabilities, which stop short of 1
+when the head is trained with boundary smoothing (its targets put ``eps`` on null) and whose
+accuracy then rises steeply just below that ceiling. Both keep the order of the raw
+confidences, so thresholding a calibrated score is thresholding the raw one. The map is stored
+in the component's ``cfg`` (saved with the pipeline), so a loaded pipeline gives calibrated
+scores.
 
 Fitting it:
 
@@ -23,6 +25,7 @@ hundred predicted entities make a usable map; a few thousand a good one.
 """
 import argparse
 import logging
+import math
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -32,19 +35,91 @@ from spacy.language import Language
 from spacy.tokens import Doc, DocBin
 from spacy.util import minibatch, registry
 
-from .structured.confidences import split_rows
 
 logger = logging.getLogger("spacy_fsemicrf")
 
 PREDICT_BATCH = 64
+# Platt scaling reads the logit of raw confidences clipped this far from 0 and 1 (float32
+# probabilities: 1 - 1e-7 is about the largest one below 1).
+EPS = 1e-7
 
 
 def fit_calibration(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any]:
     """Fit the calibration map ``P(correct | raw)`` to held-out outcomes and return it as a
-    JSON-serializable dict.
+    JSON-serializable dict: Platt scaling or isotonic regression, whichever predicts the
+    outcomes better (log-loss) when fitted on every other entity and measured on the rest,
+    both ways round; then refitted on all of them. ``selection`` records the two losses."""
+    raw = numpy.asarray(raw, dtype="float64").reshape(-1)
+    correct = numpy.asarray(correct, dtype=bool).reshape(-1)
+    fits = {"platt": fit_platt, "isotonic": fit_isotonic}
+    losses = {name: _held_out_log_loss(fit, raw, correct) for name, fit in fits.items()}
+    best = min(losses, key=lambda name: (losses[name], name != "platt"))  # ties: fewer params
+    out = fits[best](raw, correct)
+    out.update({"n_entities": int(raw.size), "n_correct": int(correct.sum()),
+                "selection": {name: round(value, 6) for name, value in losses.items()}})
+    return out
 
-    Isotonic regression (pool adjacent violators): the non-decreasing step function of the raw
-    confidence closest to the outcomes. Each step (block of entities) becomes a knot at its
+
+def _held_out_log_loss(fit: Callable, raw: numpy.ndarray, correct: numpy.ndarray) -> float:
+    fold = numpy.arange(raw.size) % 2 == 0
+    if fold.all() or not fold.any():
+        return 0.0
+    total = 0.0
+    for use in (fold, ~fold):
+        p = numpy.clip(apply_calibration(fit(raw[~use], correct[~use]), raw[use]), 1e-6, 1 - 1e-6)
+        total -= float(numpy.sum(numpy.where(correct[use], numpy.log(p), numpy.log1p(-p))))
+    return total / raw.size
+
+
+def fit_platt(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any]:
+    """Platt scaling: ``sigmoid(slope * logit(raw) + intercept)``, ``slope >= 0``, by maximum
+    likelihood with Platt's (1999) targets ``(n+ + 1) / (n+ + 2)`` and ``1 / (n- + 2)``
+    instead of 1 and 0, which keep it finite when the outcomes are separable."""
+    x = _logit(raw)
+    y = numpy.asarray(correct, dtype=bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    targets = numpy.where(y, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
+    slope, intercept = _logistic(x, targets)
+    if slope < 0:  # an anti-informative score: the map stays monotone (constant)
+        slope, intercept = 0.0, _logistic(numpy.zeros_like(x), targets)[1]
+    return {"method": "platt", "slope": slope, "intercept": intercept}
+
+
+def _logit(raw: numpy.ndarray) -> numpy.ndarray:
+    p = numpy.clip(numpy.asarray(raw, dtype="float64"), EPS, 1.0 - EPS)
+    return numpy.log(p) - numpy.log1p(-p)
+
+
+def _logistic(x: numpy.ndarray, t: numpy.ndarray) -> Tuple[float, float]:
+    """Logistic regression of the soft targets ``t`` on ``x``: Newton's method with step
+    halving (the negative log-likelihood is convex)."""
+    A = numpy.stack([x, numpy.ones_like(x)], 1)
+    w = numpy.zeros(2)
+
+    def loss(w: numpy.ndarray) -> float:
+        z = A @ w
+        return float(numpy.sum(numpy.logaddexp(0.0, z) - t * z))
+
+    current = loss(w)
+    for _ in range(100):
+        q = 0.5 * (1.0 + numpy.tanh(0.5 * (A @ w)))
+        hessian = (A * (q * (1.0 - q))[:, None]).T @ A + 1e-9 * numpy.eye(2)
+        step = numpy.linalg.solve(hessian, A.T @ (q - t))
+        scale = 1.0
+        while scale > 1e-6 and loss(w - scale * step) > current:
+            scale /= 2
+        value = loss(w - scale * step)
+        if value > current:
+            break
+        w, gain, current = w - scale * step, current - value, value
+        if gain < 1e-12 * max(1.0, abs(current)):
+            break
+    return float(w[0]), float(w[1])
+
+
+def fit_isotonic(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any]:
+    """Isotonic regression (pool adjacent violators): the non-decreasing step function of the
+    raw confidence closest to the outcomes. Each step (block of entities) becomes a knot at its
     mean raw confidence, valued by its share of correct entities shrunk towards the share of
     all of them, ``(correct + 2 * share) / (entities + 2)`` (the mean under a Beta prior worth
     two entities), so that no score is 0 or 1 because a small block happened to be all right or
@@ -68,19 +143,18 @@ def fit_calibration(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any
     # knots to 8 decimals (they are saved as JSON); of knots that become equal keep the last
     at = numpy.round(knots[:, 2] / numpy.maximum(knots[:, 1], 1), 8)
     last = numpy.r_[at[1:] != at[:-1], True] if at.size else numpy.zeros(0, dtype=bool)
-    return {
-        "method": "isotonic",
-        "x": at[last].tolist(),
-        "y": numpy.round(scores[last], 6).tolist(),
-        "n_entities": int(x.size),
-        "n_correct": int(y.sum()),
-    }
+    return {"method": "isotonic", "x": at[last].tolist(), "y": numpy.round(scores[last], 6).tolist()}
 
 
 def apply_calibration(calibration: Optional[Dict[str, Any]], raw: numpy.ndarray) -> numpy.ndarray:
     """The calibrated confidences (float32) of the ``raw`` ones; ``raw`` itself without a map."""
     raw = numpy.asarray(raw, dtype="float32")
-    if not calibration or raw.size == 0 or not calibration["x"]:
+    if not calibration or raw.size == 0:
+        return raw
+    if calibration["method"] == "platt":
+        z = calibration["slope"] * _logit(raw) + calibration["intercept"]
+        return (0.5 * (1.0 + numpy.tanh(0.5 * z))).astype("float32")  # sigmoid, overflow-free
+    if not calibration["x"]:
         return raw
     return numpy.interp(raw, calibration["x"], calibration["y"]).astype("float32")
 
@@ -90,20 +164,25 @@ def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
     if calibration is None:
         return None
     try:
-        x = numpy.asarray(calibration["x"], dtype="float64")
-        y = numpy.asarray(calibration["y"], dtype="float64")
-        ok = (
-            calibration["method"] == "isotonic"
-            and x.ndim == 1 and x.shape == y.shape
-            and bool(numpy.isfinite(x).all() and (numpy.diff(x) > 0).all())
-            and bool(((y >= 0) & (y <= 1)).all() and (numpy.diff(y) >= 0).all())
-        )
+        if calibration["method"] == "platt":
+            slope, intercept = float(calibration["slope"]), float(calibration["intercept"])
+            ok = math.isfinite(slope) and math.isfinite(intercept) and slope >= 0
+        else:
+            x = numpy.asarray(calibration["x"], dtype="float64")
+            y = numpy.asarray(calibration["y"], dtype="float64")
+            ok = (
+                calibration["method"] == "isotonic"
+                and x.ndim == 1 and x.shape == y.shape
+                and bool(numpy.isfinite(x).all() and (numpy.diff(x) > 0).all())
+                and bool(((y >= 0) & (y <= 1)).all() and (numpy.diff(y) >= 0).all())
+            )
     except (TypeError, KeyError, ValueError):
         ok = False
     if not ok:
         raise ValueError(
-            "A calibration map is a dict with method 'isotonic', knots 'x' (increasing) and "
-            f"their scores 'y' (non-decreasing, in [0, 1]), got {calibration!r}"
+            "A calibration map is a dict with method 'platt' (a finite slope >= 0 and a finite "
+            "intercept) or 'isotonic' (knots 'x', increasing, and their scores 'y', "
+            f"non-decreasing, in [0, 1]), got {calibration!r}"
         )
     return calibration
 
@@ -133,12 +212,12 @@ def raw_outcomes(
     for batch in minibatch(list(gold_docs), PREDICT_BATCH):
         with nlp.select_pipes(enable=before):
             docs = list(nlp.pipe(unannotated(doc) for doc in batch))
-        out = split_rows(*pipe.predict(docs))
-        raws.append(out.confidences)
+        out = pipe.predict(docs)
+        raws.append(out.scores)
         labels = pipe.labels
         gold = [{(e.start, e.end - 1, e.label_) for e in doc.ents} for doc in batch]
         correct.extend(
-            (start, end, labels[label - 1]) in gold[i] for i, start, end, label in out.entities.tolist()
+            (start, end, labels[label - 1]) in gold[i] for i, start, end, label in out.spans.tolist()
         )
     raw = numpy.concatenate(raws) if raws else numpy.zeros((0,), dtype="float32")
     return raw, numpy.asarray(correct, dtype=bool)

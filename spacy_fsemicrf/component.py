@@ -14,7 +14,7 @@ them are left out of ``doc.ents``, and every other token without entity informat
 """
 import logging
 import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy
 import torch
@@ -22,15 +22,18 @@ from spacy.language import Language
 from spacy.pipeline import TrainablePipe
 from spacy.tokens import Doc, Span, SpanGroup
 from spacy.training import Example, validate_examples, validate_get_examples
-from spacy.util import SimpleFrozenList
+from spacy.util import SimpleFrozenList, minibatch
 from spacy.vocab import Vocab
 from thinc.api import Config, Model, Optimizer, set_dropout_rate
 
 from . import architectures  # noqa: F401  (registers the architectures)
-from .architectures import ModelInput, model_is_initialized, model_torch_head
+from .architectures import ModelInput, model_is_initialized, model_nbest, model_torch_head
 from .calibration import apply_calibration, check_calibration
+from .doc_constraints import check_constraints, constraints_of_docs
 from .scorer import ner_score
-from .structured.confidences import DecodeExtras, decode_extras, split_rows
+from .structured.constraints import Constraint, constraints_to_dicts
+from .head_model import BatchPrediction
+from .structured.prediction import DecodeOptions
 
 logger = logging.getLogger("spacy_fsemicrf")
 
@@ -105,6 +108,7 @@ DEFAULT_MODEL = DEFAULT_MODELS["FilteredSemiCRF"]
         "filter_margin": 0.0,
         "threshold": 0.0,
         "candidates_key": None,
+        "constraints": [],
         "scorer": {"@scorers": "spacy-fsemicrf.ner_scorer.v1"},
     },
     default_score_weights={
@@ -122,6 +126,7 @@ def make_fsemicrf_ner(
     filter_margin: float,
     threshold: float,
     candidates_key: Optional[str],
+    constraints: List[Dict[str, Any]],
     scorer: Optional[Callable],
 ) -> "FSemiCRFEntityRecognizer":
     """Create an ``fsemicrf_ner`` component.
@@ -139,11 +144,16 @@ def make_fsemicrf_ner(
     candidates_key (Optional[str]): ``doc.spans`` key for the candidates the head considered
         (the filtered head's kept nodes; the other heads' spans of marginal above 0.01, and the
         decoded entities), with their scores; None (the default) leaves them out.
+    constraints (List[dict]): rules every prediction obeys, decoded exactly (for example
+        ``{"kind": "at_most", "label": "ORG", "n": 1, "scope": "sentence"}``; kinds: at_most,
+        exactly, at_least, excludes, requires, forbid_labels, force_span). The outcome per
+        document is in ``doc.spans[spans_key].attrs["constraints"]``.
     scorer (Optional[Callable]): defaults to ``spacy-fsemicrf.ner_scorer.v1`` (ents_p/r/f).
     """
     return FSemiCRFEntityRecognizer(
         nlp.vocab, model, name, spans_key=spans_key, filter_margin=filter_margin,
-        threshold=threshold, candidates_key=candidates_key, scorer=scorer,
+        threshold=threshold, candidates_key=candidates_key, constraints=constraints,
+        scorer=scorer,
     )
 
 
@@ -160,6 +170,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         filter_margin: float = 0.0,
         threshold: float = 0.0,
         candidates_key: Optional[str] = None,
+        constraints: Optional[List[Dict[str, Any]]] = None,
         scorer: Optional[Callable] = ner_score,
     ) -> None:
         self.vocab = vocab
@@ -177,6 +188,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.filter_margin = filter_margin
         self.threshold = threshold
         self.candidates_key = candidates_key
+        self.constraints = constraints or []
+        self._call_constraints: Tuple[Constraint, ...] = ()
         self._warned_uncalibrated = False
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
@@ -249,6 +262,15 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"({self.spans_key!r}), got {key!r}"
             )
         self._candidates_key = key
+
+    @property
+    def constraints(self) -> List[Dict[str, Any]]:
+        """The constraints every prediction obeys, as dicts (a prediction-time setting)."""
+        return constraints_to_dicts(self._constraints)
+
+    @constraints.setter
+    def constraints(self, items: Optional[Iterable[Any]]) -> None:
+        self._constraints = check_constraints(items, self.labels)
 
     @property
     def calibration(self) -> Optional[Dict[str, Any]]:
@@ -337,6 +359,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             )
         self.n_wide_dropped = self.widest_dropped = 0
         self.calibration = None  # a new model: the scores need a new map
+        self.constraints = self.constraints  # now that the labels are known, check them
         self.model.set_dim("nO", len(self.labels), force=True)
         self.model.initialize(X=ModelInput(sample))
 
@@ -431,27 +454,55 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     # Prediction -------------------------------------------------------------------------------
 
-    def predict(self, docs: Iterable[Doc]) -> Tuple[numpy.ndarray, numpy.ndarray]:
-        """Decode a batch: ``(rows int64[N, 4], values float32[N])``: the decoded entities
-        ``(doc index, start, end_inclusive, label 1..M)`` with their raw confidences, then a
-        ``(doc index, -1, -1, 0)`` row per document with the probability of its decoded path
-        and, with ``candidates_key``, the candidates as ``(doc index, start, end, -label)``
-        (see :func:`spacy_fsemicrf.structured.confidences.split_rows`)."""
-        docs = list(docs)
-        if not any(len(doc) for doc in docs):
-            return numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32")
-        extras = DecodeExtras(path=True, candidates=self._candidates_key is not None)
-        with decode_extras(self.torch_head, extras):
-            rows, values = self.model.predict(ModelInput(docs, filter_margin=self._filter_margin))
-        return numpy.asarray(rows, dtype="int64"), numpy.asarray(values, dtype="float32")
+    def __call__(self, doc: Doc, *, constraints: Optional[List[Dict[str, Any]]] = None) -> Doc:
+        """Annotate one document; ``constraints`` are added to the component's for this call."""
+        for done in self.pipe([doc], constraints=constraints):
+            return done
+        return doc  # an error handler that does not raise leaves the doc unannotated
 
-    def set_annotations(self, docs: Iterable[Doc], rows_values) -> None:
+    def pipe(
+        self,
+        stream: Iterable[Doc],
+        *,
+        batch_size: int = 128,
+        constraints: Optional[List[Dict[str, Any]]] = None,
+    ) -> Iterator[Doc]:
+        """Annotate a stream of documents; ``constraints`` (given e.g. through
+        ``nlp.pipe(..., component_cfg={name: {"constraints": [...]}})``) are added to the
+        component's for this call."""
+        extra = check_constraints(constraints, self.labels)
+        error_handler = self.get_error_handler()
+        for docs in minibatch(stream, size=batch_size):
+            before, self._call_constraints = self._call_constraints, extra
+            try:
+                self.set_annotations(docs, self.predict(docs))
+                yield from docs
+            except Exception as e:
+                error_handler(self.name, self, docs, e)
+            finally:
+                self._call_constraints = before
+
+    def predict(self, docs: Iterable[Doc]) -> BatchPrediction:
+        """Decode a batch: a :class:`~.head_model.BatchPrediction` of the decoded entities
+        ``(doc index, start, end_inclusive, label 1..M)`` with their raw confidences, each
+        document's path probability, the candidates (with ``candidates_key``) and the
+        constraint reports (where there are constraints)."""
+        docs = list(docs)
+        constraints = constraints_of_docs(
+            docs, self._constraints + self._call_constraints, self.labels, self.name)
+        options = DecodeOptions(path=True, candidates=self._candidates_key is not None,
+                                constraints=constraints)
+        if not any(len(doc) for doc in docs):
+            return _empty_prediction(len(docs), options)
+        return self.model.predict(ModelInput(docs, filter_margin=self._filter_margin, options=options))
+
+    def set_annotations(self, docs: Iterable[Doc], prediction: BatchPrediction) -> None:
         """Write the output of :meth:`predict`: the entities scoring at least ``threshold``
         (calibrated scores with a calibration map, raw confidences without) to
-        ``doc.spans[spans_key]`` and ``doc.ents``, the path probability, the candidates."""
+        ``doc.spans[spans_key]`` and ``doc.ents``, the path probability, the constraint
+        reports, the candidates."""
         docs = list(docs)
-        out = split_rows(*rows_values)
-        if self.calibration is None and not self._warned_uncalibrated and len(out.entities):
+        if self.calibration is None and not self._warned_uncalibrated and len(prediction.spans):
             self._warned_uncalibrated = True
             logger.warning(
                 "%s: the pipeline has no calibration map, so doc.spans[%r].attrs['scores'] are "
@@ -459,26 +510,45 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 "set: python -m spacy_fsemicrf calibrate MODEL DEV.spacy",
                 self.name, self.spans_key,
             )
-        scores = apply_calibration(self.calibration, out.confidences)
-        entities = out.entities
+        scores = apply_calibration(self.calibration, prediction.scores)
+        entities = prediction.spans
         if self._threshold > 0:
             keep = scores >= self._threshold
             entities, scores = entities[keep], scores[keep]
-        path = numpy.ones((len(docs),), dtype="float64")  # an empty document's is 1
-        path[out.path_docs] = out.path_probabilities
         labels = [self.vocab.strings.add(label) for label in self.labels]
+        reports = prediction.reports or [None] * len(docs)
         for i, doc in enumerate(docs):
             ents, group = self._span_group(doc, i, self.spans_key, entities, scores, labels)
-            group.attrs["path_probability"] = float(path[i])
+            group.attrs["path_probability"] = float(prediction.path[i])
+            if reports[i] is not None:
+                group.attrs["constraints"] = reports[i]._asdict()
+                if reports[i].status == "infeasible":
+                    logger.warning("%s: no segmentation of a document satisfies its constraints; "
+                                   "it keeps the unconstrained prediction", self.name)
             doc.spans[self.spans_key] = group
             set_entities(doc, ents)
         if self._candidates_key is not None:
-            cand_scores = apply_calibration(self.calibration, out.candidate_confidences)
+            rows, raw = prediction.candidates
+            cand_scores = apply_calibration(self.calibration, raw)
             for i, doc in enumerate(docs):
-                _, group = self._span_group(
-                    doc, i, self._candidates_key, out.candidates, cand_scores, labels
-                )
+                _, group = self._span_group(doc, i, self._candidates_key, rows, cand_scores, labels)
                 doc.spans[self._candidates_key] = group
+
+    def nbest(self, doc: Doc, k: int) -> List[SpanGroup]:
+        """The ``k`` best segmentations of ``doc`` (a document the pipeline has run on, so
+        that the tok2vec's vectors are there), best first: one span group each, with the
+        segmentation's probability in ``attrs["probability"]``. Constraints do not apply."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        found = model_nbest(self.model, [doc], k, self._filter_margin)[0]
+        labels = self.labels
+        groups = []
+        for rank, seg in enumerate(found):
+            spans = [Span(doc, start, end + 1, label=labels[label - 1]) for start, end, label in seg.spans]
+            group = SpanGroup(doc, name=f"{self.spans_key}_nbest_{rank + 1}", spans=spans)
+            group.attrs["probability"] = seg.prob
+            groups.append(group)
+        return groups
 
     @staticmethod
     def _span_group(
@@ -527,12 +597,21 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
     def _check_loaded(self) -> None:
         if not model_is_initialized(self.model):
             return
+        self.constraints = self.constraints  # they must name the loaded labels
         n_head = self.model.get_ref("head").get_dim("nO")
         if n_head != len(self.labels):
             raise ValueError(
                 f"The saved '{self.name}' model predicts {n_head} labels but its cfg lists "
                 f"{len(self.labels)} ({list(self.labels)}): the saved pipeline is inconsistent."
             )
+
+
+def _empty_prediction(n_docs: int, options: DecodeOptions) -> BatchPrediction:
+    """The prediction for documents without tokens: no entity and the empty path (probability
+    1); with nothing to decode there is no constraint report."""
+    empty = (numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32"))
+    return BatchPrediction(*empty, numpy.ones((n_docs,), dtype="float32"),
+                           empty if options.candidates else None, None)
 
 
 def check_labels(labels: Any, component: str) -> List[str]:

@@ -26,7 +26,9 @@ from thinc.types import Floats2d, Ints1d, Ints2d
 
 from .averages import use_averaged_params
 from .serialize import UninitializedHead, deserialize_head, instantiate_head, serialize_head
+from .structured.constrained import ConstraintReport
 from .structured.heads import HEADS
+from .structured.prediction import DecodeOptions, Prediction
 
 logger = logging.getLogger("spacy_fsemicrf")
 
@@ -68,6 +70,7 @@ class HeadInput(NamedTuple):
     mask: optional, one bool per document; ``False`` leaves the document out of the loss.
     words: the tokens' word ids (one int array per document), for a head with ``word_pool``.
     filter_margin: prediction-time margin of the filtered head (log-odds).
+    options: what a prediction returns besides the entities (None: only them).
     """
 
     Xs: List[Floats2d]
@@ -75,6 +78,20 @@ class HeadInput(NamedTuple):
     mask: Optional[numpy.ndarray] = None
     words: Optional[List[Ints1d]] = None
     filter_margin: float = 0.0
+    options: Optional[DecodeOptions] = None
+
+
+class BatchPrediction(NamedTuple):
+    """A head's :class:`~.structured.prediction.Prediction` for a whole batch, in NumPy: the
+    entities ``spans int64[N, 4]`` (rows ``doc, start, end_inclusive, label 1..M`` sorted by
+    doc and start) with their confidences ``scores float32[N]``; ``path float32[B]`` (1 for an
+    empty document); ``candidates`` ``(rows, scores)``; ``reports`` one per document."""
+
+    spans: numpy.ndarray
+    scores: numpy.ndarray
+    path: Optional[numpy.ndarray] = None
+    candidates: Optional[Decoded] = None
+    reports: Optional[List[Optional[ConstraintReport]]] = None
 
 
 def make_head_model(
@@ -203,9 +220,21 @@ def _to_torch_args(
         gold_np = gold if isinstance(gold, numpy.ndarray) else model.ops.to_numpy(gold)
         gold_np = numpy.asarray(gold_np, dtype="int64").reshape(-1, 4)
         kwargs["gold"] = torch.as_tensor(gold_np, dtype=torch.long).to(device)
-    elif inputs.filter_margin:
-        kwargs["filter_margin"] = float(inputs.filter_margin)
+    else:
+        if inputs.filter_margin:
+            kwargs["filter_margin"] = float(inputs.filter_margin)
+        if inputs.options is not None:
+            kwargs["options"] = inputs.options
     return ArgsKwargs(args=(Xt, lengths_t), kwargs=kwargs)
+
+
+def padded_torch_inputs(model: Model, inputs: HeadInput) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, Any]]:
+    """``(X [B, L, D], lengths [B], {"words": ...})``: the head's tensors for ``inputs``, for
+    calls outside the Thinc node (such as a head's ``nbest``)."""
+    lengths = numpy.asarray([x.shape[0] for x in inputs.Xs], dtype="int64")
+    args = _to_torch_args(model, inputs._replace(gold=None, filter_margin=0.0, options=None),
+                          lengths, False)
+    return args.args[0], args.args[1], dict(args.kwargs)
 
 
 def _loss(model: Model, inputs: HeadInput, lengths: numpy.ndarray, is_train: bool):
@@ -266,28 +295,61 @@ def length_groups(
     return [numpy.asarray(g, dtype="int64") for g in groups]
 
 
-def _predict(model: Model, inputs: HeadInput, lengths: numpy.ndarray) -> Decoded:
+def _predict(model: Model, inputs: HeadInput, lengths: numpy.ndarray):
+    """Predict in groups of documents of similar length; the entities ``(spans, scores)``, or
+    a :class:`BatchPrediction` when ``inputs.options`` asks for more."""
     shim = model.shims[0]
-    all_spans = []
-    all_confs = []
+    options = inputs.options
+    parts: List[Tuple[numpy.ndarray, Prediction]] = []
     for group in length_groups(lengths, int(model.attrs["max_padded_tokens"])):
         words = None if inputs.words is None else [inputs.words[i] for i in group]
+        sub_options = None
+        if options is not None:
+            constraints = options.constraints
+            sub_options = options._replace(
+                constraints=None if constraints is None else [constraints[i] for i in group])
         sub = HeadInput([inputs.Xs[i] for i in group], words=words,
-                        filter_margin=inputs.filter_margin)
-        spans_t, confs_t = shim.predict(_to_torch_args(model, sub, lengths[group], False))
-        spans = spans_t.detach().to("cpu", torch.long).numpy()
-        confs = confs_t.detach().to("cpu", torch.float32).numpy()
-        if spans.shape[0]:
-            spans = spans.copy()
-            spans[:, 0] = group[spans[:, 0]]
-        all_spans.append(spans.reshape(-1, 4))
-        all_confs.append(confs.reshape(-1))
-    if not all_spans:
-        return numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32")
-    spans = numpy.concatenate(all_spans, axis=0)
-    confs = numpy.concatenate(all_confs, axis=0)
-    if spans.shape[0]:
+                        filter_margin=inputs.filter_margin, options=sub_options)
+        out = shim.predict(_to_torch_args(model, sub, lengths[group], False))
+        parts.append((group, Prediction(*out) if sub_options is None else out))
+    spans, scores = _merge_rows([(g, p.spans, p.scores) for g, p in parts])
+    if options is None:
+        return spans, scores
+    n_docs = len(lengths)
+    path = numpy.ones((n_docs,), dtype="float32")  # an empty document's only path is empty
+    reports: List[Optional[ConstraintReport]] = [None] * n_docs
+    for group, p in parts:
+        if p.path is not None:
+            path[group] = _host(p.path, torch.float32)
+        for i, report in zip(group.tolist(), p.reports or ()):
+            reports[i] = report
+    candidates = None
+    if options.candidates:
+        candidates = _merge_rows([(g, *p.candidates) for g, p in parts])
+    return BatchPrediction(spans, scores, path if options.path else None, candidates,
+                           reports if options.constrained() else None)
+
+
+def _host(x: torch.Tensor, dtype: torch.dtype) -> numpy.ndarray:
+    return x.detach().to("cpu", dtype).numpy()
+
+
+def _merge_rows(parts: Sequence[Tuple[numpy.ndarray, torch.Tensor, torch.Tensor]]) -> Decoded:
+    """Rows ``(doc, start, end, label)`` and their values from the length groups, with the
+    group's document numbers mapped back to the batch's and sorted by ``(doc, start)``."""
+    all_rows = [numpy.zeros((0, 4), dtype="int64")]
+    all_values = [numpy.zeros((0,), dtype="float32")]
+    for group, rows_t, values_t in parts:
+        rows = _host(rows_t, torch.long).reshape(-1, 4)
+        if rows.shape[0]:
+            rows = rows.copy()
+            rows[:, 0] = group[rows[:, 0]]
+        all_rows.append(rows)
+        all_values.append(_host(values_t, torch.float32).reshape(-1))
+    rows = numpy.concatenate(all_rows, axis=0)
+    values = numpy.concatenate(all_values, axis=0)
+    if rows.shape[0]:
         # The groups run longest documents first: restore (doc, start) order.
-        order = numpy.lexsort((spans[:, 1], spans[:, 0]))
-        spans, confs = spans[order], confs[order]
-    return spans, confs
+        order = numpy.lexsort((rows[:, 1], rows[:, 0]))
+        rows, values = rows[order], values[order]
+    return rows, values

@@ -89,25 +89,48 @@ def test_backprop_reaches_tok2vec(trained_arch):
 def test_batching_does_not_change_predictions(trained_arch):
     arch, nlp, _ = trained_arch
     ner = nlp.get_pipe("fsemicrf_ner")
+    ner.candidates_key = "candidates"
     texts = [text for text, _ in TRAIN_DATA] + ["", "Paris"]
     docs = [nlp.make_doc(t) for t in texts]
-    together_spans, together_conf = ner.predict(docs)
-    head = ner.model.get_ref("head")
-    old = head.attrs["max_padded_tokens"]
-    head.attrs["max_padded_tokens"] = 1  # one group per document
     try:
-        split_spans, split_conf = ner.predict(docs)
+        together = ner.predict(docs)
+        head = ner.model.get_ref("head")
+        old = head.attrs["max_padded_tokens"]
+        head.attrs["max_padded_tokens"] = 1  # one group per document
+        try:
+            split = ner.predict(docs)
+        finally:
+            head.attrs["max_padded_tokens"] = old
+        one_by_one = [ner.predict([doc]) for doc in docs]
     finally:
-        head.attrs["max_padded_tokens"] = old
-    assert together_spans.tolist() == split_spans.tolist()
-    numpy.testing.assert_allclose(together_conf, split_conf, rtol=1e-4, atol=1e-5)
-    one_by_one = [ner.predict([doc]) for doc in docs]
-    rows = [[i, *row[1:]] for i, (spans, _) in enumerate(one_by_one) for row in spans.tolist()]
-    assert rows == together_spans.tolist()
-    confs = numpy.concatenate([conf for _, conf in one_by_one])
-    numpy.testing.assert_allclose(confs, together_conf, rtol=1e-4, atol=1e-5)
-    rows = together_spans.tolist()
+        ner.candidates_key = None
+    for other in (split, _concat(one_by_one)):
+        assert together.spans.tolist() == other.spans.tolist()
+        numpy.testing.assert_allclose(together.scores, other.scores, rtol=1e-4, atol=1e-5)
+        numpy.testing.assert_allclose(together.path, other.path, rtol=1e-4, atol=1e-5)
+        assert together.candidates[0].tolist() == other.candidates[0].tolist()
+        numpy.testing.assert_allclose(together.candidates[1], other.candidates[1], rtol=1e-4, atol=1e-5)
+    rows = together.spans.tolist()
     assert rows == sorted(rows, key=lambda r: (r[0], r[1]))
+    assert together.path[texts.index("")] == 1.0  # the empty document's only path
+    assert ((together.path > 0) & (together.path <= 1)).all()
+
+
+def _concat(predictions):
+    """One-document predictions as one of the whole batch (document numbers shifted)."""
+    def rows(parts):
+        out = [p.copy() for p in parts]
+        for i, p in enumerate(out):
+            p[:, 0] = i
+        return numpy.concatenate(out)
+
+    return predictions[0]._replace(
+        spans=rows([p.spans for p in predictions]),
+        scores=numpy.concatenate([p.scores for p in predictions]),
+        path=numpy.concatenate([p.path for p in predictions]),
+        candidates=(rows([p.candidates[0] for p in predictions]),
+                    numpy.concatenate([p.candidates[1] for p in predictions])),
+    )
 
 
 def test_model_bytes_round_trip(trained_arch):
@@ -118,8 +141,9 @@ def test_model_bytes_round_trip(trained_arch):
     ner2 = nlp2.add_pipe("fsemicrf_ner", config={"model": model_config(arch)})
     ner2.from_bytes(ner.to_bytes())
     a, b = ner.predict(docs), ner2.predict(docs)
-    assert a[0].tolist() == b[0].tolist()
-    numpy.testing.assert_allclose(a[1], b[1], rtol=1e-5)
+    assert a.spans.tolist() == b.spans.tolist()
+    numpy.testing.assert_allclose(a.scores, b.scores, rtol=1e-5)
+    numpy.testing.assert_allclose(a.path, b.path, rtol=1e-5)
 
 
 def test_empty_inputs():

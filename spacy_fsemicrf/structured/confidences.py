@@ -1,18 +1,8 @@
 """What a head reports at prediction besides its decoded entities: each entity's confidence,
-the candidates it considered, and the probability of the decoded path.
+the candidates it considered, and what the probability of the decoded path needs.
 
-A head predicts ``(rows LongTensor[N, 4], values Tensor[N])``. Rows ``(doc, start, end, label)``
-with ``label`` in ``1..M`` are the decoded entities, valued by their confidence. With the
-head's :class:`DecodeExtras` turned on (:func:`decode_extras`) two more kinds of rows follow,
-in the same two tensors, so that they pass unchanged through the Thinc node that wraps the
-head (which only renumbers the documents and sorts the rows by document and start):
-
-* ``(doc, start, end, -label)``: a candidate span with its label, valued by its confidence;
-* ``(doc, -1, -1, 0)``: one per document, valued by the probability of the decoded path
-  (segmentation) under the head's distribution: for the filtered head its distribution over
-  the paths of the kept nodes, so 1 when no two kept nodes overlap.
-
-:func:`split_rows` takes them apart again (in NumPy, where the pipeline component reads them).
+The probability of a path (segmentation) is under the head's distribution: for the filtered
+head its distribution over the paths of the kept nodes, so 1 when no two kept nodes overlap.
 
 Confidences are probabilities that a labelled span is an entity, before any calibration:
 
@@ -21,10 +11,8 @@ Confidences are probabilities that a labelled span is an entity, before any cali
   every node that overlaps no other, i.e. for nearly every node of a trained model;
 * exact semi-CRF and linear-chain CRF: the span's marginal probability.
 """
-from contextlib import contextmanager
-from typing import Iterator, NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
-import numpy
 import torch
 
 from . import filtered
@@ -37,79 +25,6 @@ CANDIDATE_FLOOR = 0.01
 """The exact semi-CRF and the linear-chain CRF report as candidates the labelled spans whose
 marginal probability exceeds this (every span has some probability under them), plus the
 decoded entities. The filtered head reports its kept nodes."""
-
-
-class DecodeExtras(NamedTuple):
-    """Which extra rows a head's prediction adds (see the module docstring)."""
-
-    path: bool = False
-    candidates: bool = False
-
-
-def extras_of(head: torch.nn.Module) -> DecodeExtras:
-    """The extras ``head`` is asked for (none unless :func:`decode_extras` is active)."""
-    return getattr(head, "decode_extras", None) or DecodeExtras()
-
-
-@contextmanager
-def decode_extras(head: torch.nn.Module, extras: DecodeExtras) -> Iterator[None]:
-    """Ask ``head`` for ``extras`` for the duration of the block: the head's forward takes its
-    inputs from the Thinc node, which has no argument for them."""
-    before = getattr(head, "decode_extras", None)
-    head.decode_extras = extras
-    try:
-        yield
-    finally:
-        head.decode_extras = before
-
-
-def with_extras(
-    decoded: Decoded,
-    n_docs: int,
-    path: Optional[torch.Tensor] = None,
-    candidates: Optional[Decoded] = None,
-) -> Decoded:
-    """The decoded ``(rows, values)`` followed by the candidate rows and one path row per
-    document (``path [n_docs]`` holds the probabilities), when given."""
-    rows, values = [decoded[0].view(-1, 4)], [decoded[1].reshape(-1)]
-    if candidates is not None:
-        cand = candidates[0].view(-1, 4).clone()
-        cand[:, 3].neg_()
-        rows.append(cand)
-        values.append(candidates[1].reshape(-1).to(values[0].dtype))
-    if path is not None:
-        path_rows = torch.zeros((n_docs, 4), dtype=torch.long, device=rows[0].device)
-        path_rows[:, 0] = torch.arange(n_docs, device=path_rows.device)
-        path_rows[:, 1:3] = -1
-        rows.append(path_rows)
-        values.append(path.reshape(-1).to(values[0].dtype))
-    if len(rows) == 1:
-        return decoded
-    return torch.cat(rows, 0), torch.cat(values, 0)
-
-
-class SplitRows(NamedTuple):
-    """The rows of a prediction taken apart (NumPy arrays; rows keep their order)."""
-
-    entities: numpy.ndarray  # [N, 4] (doc, start, end, label 1..M)
-    confidences: numpy.ndarray  # [N]
-    candidates: numpy.ndarray  # [N', 4] (doc, start, end, label 1..M)
-    candidate_confidences: numpy.ndarray  # [N']
-    path_docs: numpy.ndarray  # [D]: documents with a path row
-    path_probabilities: numpy.ndarray  # [D]
-
-
-def split_rows(rows: numpy.ndarray, values: numpy.ndarray) -> SplitRows:
-    """Take a prediction's rows apart into entities, candidates and path probabilities."""
-    rows = numpy.asarray(rows).reshape(-1, 4)
-    values = numpy.asarray(values).reshape(-1)
-    label = rows[:, 3]
-    entity, candidate = label > 0, label < 0
-    path = rows[:, 1] < 0
-    candidates = rows[candidate]
-    candidates[:, 3] = -candidates[:, 3]
-    return SplitRows(rows[entity], values[entity], candidates, values[candidate],
-                     rows[path, 0], values[path])
 
 
 # ----------------------------------------------------------------------------- filtered head
@@ -126,15 +41,14 @@ def local_label_probability(
     return planes.log_softmax(0).gather(0, labels.view(1, -1)).squeeze(0).exp()
 
 
-def filtered_path_probability(
+def filtered_path_scores(
     nodes: filtered.NodeSet, best: torch.Tensor, transitions: Optional[torch.Tensor]
-) -> torch.Tensor:
-    """``[B]``: the probability of the best path (``best``, a ``BoolTensor[n]`` over the
-    nodes) among the paths of the filtered graph: ``exp(score(best) - log Z)``."""
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(score [B], log Z [B])``: the score of the best path (``best``, a ``BoolTensor[n]``
+    over the nodes) and the log partition of the paths of the filtered graph."""
     mask, scores, labels = nodes.grid(), nodes.grid(nodes.scores), nodes.grid(nodes.labels)
     log_z = filtered.filtered_log_partition(scores, mask, labels, transitions, nodes.index)
-    best_score = filtered.path_score(scores, nodes.grid(best), labels, transitions)
-    return (best_score - log_z).clamp_max(0.0).exp()
+    return filtered.path_score(scores, nodes.grid(best), labels, transitions), log_z
 
 
 # ----------------------------------------------------------------------------- semi-CRF

@@ -7,8 +7,11 @@ Each head maps token vectors ``X [B, L, D]`` and ``lengths [B]`` to
 * ``forward(X, lengths)``: the decoded entities ``(spans [N, 4], confidences [N])``, where
   the confidence of a span is the probability that it is an entity: for the filtered head the
   local classifier's probability of its label times its marginal on the filtered graph, for
-  the others its marginal. The candidates and the decoded path's probability come as extra
-  rows when asked for (:mod:`.confidences`).
+  the others its marginal (:mod:`.confidences`);
+* ``forward(X, lengths, options=DecodeOptions(...))``: a :class:`~.prediction.Prediction`,
+  which adds what the options ask for: the decoded path's probability, the candidates, and
+  decoding under constraints (:mod:`.constrained`);
+* ``nbest(X, lengths, k)``: the k best segmentations of each document (:mod:`.nbest`).
 
 ``FilteredSemiCRFHead`` is the product; ``SemiCRFHead`` and ``LinearCRFHead`` are the baselines
 of the paper, on the same encoder. With ``context_depth > 0`` each head first runs a BiLSTM over
@@ -17,7 +20,7 @@ the token vectors (:class:`~.context.TokenContext`), as the paper's released cod
 tokens in the document (:class:`~.context.WordPool`); it takes the word ids as
 ``forward(..., words=LongTensor[B, L])``.
 """
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -25,13 +28,12 @@ from torch import nn
 from . import filtered
 from .confidences import (
     crf_candidates,
-    extras_of,
-    filtered_path_probability,
+    filtered_path_scores,
     local_label_probability,
     semicrf_marginals_and_log_z,
     span_candidates,
-    with_extras,
 )
+from .constrained import crf_constrained, filtered_constrained, semicrf_constrained
 from .context import TokenContext, WordPool
 from .linear_crf import (
     crf_log_partition,
@@ -42,6 +44,8 @@ from .linear_crf import (
     tag_scheme,
     tags_to_spans,
 )
+from .nbest import Segmentation, crf_nbest, filtered_nbest, semicrf_nbest
+from .prediction import DecodeOptions, Prediction, path_probability
 from .semicrf import semicrf_gold_score, semicrf_log_partition, semicrf_viterbi
 from .semiring import masked_fill_neg
 from .spans import (
@@ -54,7 +58,7 @@ from .spans import (
 )
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
-HeadOutput = Union[torch.Tensor, Decoded]
+HeadOutput = Union[torch.Tensor, Decoded, Prediction]
 
 # Prediction computes span scores in blocks of this many positions, so that the [B, L, K, H]
 # span representations of a 100k-token document never exist at once.
@@ -202,11 +206,13 @@ class FilteredSemiCRFHead(nn.Module):
         gold: Optional[torch.Tensor] = None,
         filter_margin: float = 0.0,
         words: Optional[torch.Tensor] = None,
+        options: Optional[DecodeOptions] = None,
     ) -> HeadOutput:
         local, glob = self.span_scores(X, lengths, words)
-        if gold is None:
-            return self.decode(local, glob, lengths, filter_margin)
-        return self.loss(local, glob, lengths, gold)
+        if gold is not None:
+            return self.loss(local, glob, lengths, gold)
+        prediction = self.decode(local, glob, lengths, filter_margin, options or DecodeOptions())
+        return prediction if options is not None else prediction[:2]
 
     def loss(
         self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor
@@ -251,22 +257,54 @@ class FilteredSemiCRFHead(nn.Module):
         return filtered.inference_node_set(local, glob, lengths, filter_margin)
 
     def decode(
-        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, filter_margin: float = 0.0
-    ) -> Decoded:
+        self,
+        local: torch.Tensor,
+        glob: torch.Tensor,
+        lengths: torch.Tensor,
+        filter_margin: float = 0.0,
+        options: DecodeOptions = DecodeOptions(),
+    ) -> Prediction:
         nodes = self.nodes(local, glob, lengths, filter_margin)
-        T = None if self.transitions is None else self.transitions.detach().float()
+        T = self._transitions()
         best, marginals = filtered.decode_node_set(nodes, T)
         # The marginal alone is 1 for a node that overlaps no other: the local probability of
         # its label brings in the filter's own uncertainty.
         conf = (local_label_probability(local, nodes.index, nodes.labels) * marginals).clamp(0, 1)
-        extras = extras_of(self)
         # the node list is in grid order, so the spans come sorted by (doc, start)
-        return with_extras(
-            (nodes.spans(best), conf[best]),
-            local.shape[0],
-            path=filtered_path_probability(nodes, best, T) if extras.path else None,
-            candidates=(nodes.spans(), conf) if extras.candidates else None,
-        )
+        spans, scores, reports, outside = nodes.spans(best), conf[best], None, None
+        if options.constrained():
+            found = filtered_constrained(
+                nodes, lengths, T, options.constraints, best=best, global_scores=glob.detach()
+            )
+            spans, reports, node = found.spans, found.reports, found.node
+            # a forced span that was no node has no probability under the model
+            scores = torch.where(node >= 0, conf[node.clamp_min(0)], conf.new_zeros(()))
+            # a path that leaves a node out, or adds one, is not a path of the filtered graph
+            outside = torch.tensor([bool(r is not None and r.status == "optimal" and r.dropped)
+                                    for r in reports], dtype=torch.bool)
+            outside.index_fill_(0, spans[node < 0, 0].cpu(), True)
+        path = None
+        if options.path:
+            path = path_probability(*filtered_path_scores(nodes, best, T), reports, outside)
+        candidates = (nodes.spans(), conf) if options.candidates else None
+        return Prediction(spans, scores, path, candidates, reports)
+
+    def _transitions(self) -> Optional[torch.Tensor]:
+        return None if self.transitions is None else self.transitions.detach().float()
+
+    @torch.no_grad()
+    def nbest(
+        self,
+        X: torch.Tensor,
+        lengths: torch.Tensor,
+        k: int,
+        filter_margin: float = 0.0,
+        words: Optional[torch.Tensor] = None,
+    ) -> List[List[Segmentation]]:
+        """The ``k`` best paths of each document's filtered graph, with their probabilities."""
+        local, glob = self.span_scores(X, lengths, words)
+        nodes = self.nodes(local, glob, lengths, filter_margin)
+        return filtered_nbest(nodes, lengths, self._transitions(), k)
 
     @torch.no_grad()
     def count_nodes(
@@ -333,27 +371,41 @@ class SemiCRFHead(nn.Module):
         lengths: torch.Tensor,
         gold: Optional[torch.Tensor] = None,
         words: Optional[torch.Tensor] = None,
+        options: Optional[DecodeOptions] = None,
     ) -> HeadOutput:
         scores = self.span_scores(X, lengths, words)
         T = None if self.transitions is None else self.transitions.float()
         if gold is not None:
             log_z = semicrf_log_partition(scores, lengths, T)
             return (log_z - semicrf_gold_score(scores, lengths, gold, T)).sum()
-        T = None if T is None else T.detach()
-        scores = scores.detach()
+        prediction = self.decode(scores.detach(), lengths, options or DecodeOptions())
+        return prediction if options is not None else prediction[:2]
+
+    def decode(
+        self, scores: torch.Tensor, lengths: torch.Tensor, options: DecodeOptions = DecodeOptions()
+    ) -> Prediction:
+        T = None if self.transitions is None else self.transitions.detach().float()
         spans, best = semicrf_viterbi(scores, lengths, T)
-        extras = extras_of(self)
-        if spans.shape[0] == 0 and not any(extras):
-            return _empty_decoded(scores.device)
+        reports = None
+        if options.constrained():
+            found = semicrf_constrained(scores, lengths, T, options.constraints, (spans, best))
+            spans, reports = found.spans, found.reports
+        if spans.shape[0] == 0 and not (options.path or options.candidates):
+            return Prediction(*_empty_decoded(scores.device), reports=reports)
         marginals, log_z = semicrf_marginals_and_log_z(scores, lengths, T)
         doc, start, end, label = spans.unbind(1)
         conf = marginals[doc, start, end - start, label].clamp(0.0, 1.0)
-        return with_extras(
-            (spans, conf),
-            scores.shape[0],
-            path=(best - log_z).clamp_max(0.0).exp() if extras.path else None,
-            candidates=span_candidates(marginals, spans) if extras.candidates else None,
-        )
+        path = path_probability(best, log_z, reports) if options.path else None
+        candidates = span_candidates(marginals, spans) if options.candidates else None
+        return Prediction(spans, conf, path, candidates, reports)
+
+    @torch.no_grad()
+    def nbest(
+        self, X: torch.Tensor, lengths: torch.Tensor, k: int, words: Optional[torch.Tensor] = None
+    ) -> List[List[Segmentation]]:
+        """The ``k`` best segmentations of each document, with their probabilities."""
+        T = None if self.transitions is None else self.transitions.detach().float()
+        return semicrf_nbest(self.span_scores(X, lengths, words), lengths, T, k)
 
 
 class LinearCRFHead(nn.Module):
@@ -403,6 +455,7 @@ class LinearCRFHead(nn.Module):
         lengths: torch.Tensor,
         gold: Optional[torch.Tensor] = None,
         words: Optional[torch.Tensor] = None,
+        options: Optional[DecodeOptions] = None,
     ) -> HeadOutput:
         emissions = self.emissions(X, lengths, words)
         T = self.transitions.float()
@@ -411,23 +464,43 @@ class LinearCRFHead(nn.Module):
             tags = spans_to_tags(gold.to(emissions.device), lengths, X.shape[1], self.scheme)
             log_z = crf_log_partition(emissions, T, lengths, allowed)
             return (log_z - crf_score(emissions, T, tags, lengths, allowed)).sum()
-        emissions, T = emissions.detach(), T.detach()
+        prediction = self.decode(emissions.detach(), lengths, options or DecodeOptions())
+        return prediction if options is not None else prediction[:2]
+
+    def decode(
+        self, emissions: torch.Tensor, lengths: torch.Tensor, options: DecodeOptions = DecodeOptions()
+    ) -> Prediction:
+        T = self.transitions.detach().float()
+        allowed = self.allowed.to(emissions.device)
         tags, best = crf_viterbi(emissions, T, lengths, allowed)
-        spans = tags_to_spans(tags, lengths, self.scheme)
-        extras = extras_of(self)
-        if spans.shape[0] == 0 and not any(extras):
-            return _empty_decoded(emissions.device)
+        reports = None
+        if options.constrained():
+            found = crf_constrained(emissions, T, lengths, self.scheme, options.constraints,
+                                    allowed, (tags, best))
+            spans, reports = found.spans, found.reports
+        else:
+            spans = tags_to_spans(tags, lengths, self.scheme)
+        if spans.shape[0] == 0 and not (options.path or options.candidates):
+            return Prediction(*_empty_decoded(emissions.device), reports=reports)
         conf = crf_span_marginals(emissions, T, lengths, spans, self.scheme, allowed).clamp(0, 1)
         path = None
-        if extras.path:
-            log_z = crf_log_partition(emissions, T, lengths, allowed)
-            path = (best - log_z).clamp_max(0.0).exp()
+        if options.path:
+            path = path_probability(best, crf_log_partition(emissions, T, lengths, allowed), reports)
         candidates = None
-        if extras.candidates:
+        if options.candidates:
             candidates = crf_candidates(
                 emissions, T, lengths, self.scheme, allowed, self.max_width, (spans, conf)
             )
-        return with_extras((spans, conf), emissions.shape[0], path, candidates)
+        return Prediction(spans, conf, path, candidates, reports)
+
+    @torch.no_grad()
+    def nbest(
+        self, X: torch.Tensor, lengths: torch.Tensor, k: int, words: Optional[torch.Tensor] = None
+    ) -> List[List[Segmentation]]:
+        """The ``k`` best tag sequences of each document, as entities, with their probabilities."""
+        allowed = self.allowed.to(X.device)
+        T = self.transitions.detach().float()
+        return crf_nbest(self.emissions(X, lengths, words), T, lengths, self.scheme, k, allowed)
 
 
 HEADS = {

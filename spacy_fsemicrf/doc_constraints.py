@@ -1,0 +1,72 @@
+"""The constraints each document is decoded under: the component's, those given for one call
+(``nlp.pipe(..., component_cfg={"fsemicrf_ner": {"constraints": [...]}})``) and the document's
+own (``doc.user_data["fsemicrf_constraints"]``), as lists of dicts such as
+``{"kind": "at_most", "label": "ORG", "n": 1, "scope": "doc"}`` (see
+:mod:`spacy_fsemicrf.structured.constraints` for every kind).
+
+A document's own constraints that do not parse or name a label the component does not know are
+left out with a warning: one bad document never stops a pipe.
+"""
+import logging
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
+
+from spacy.tokens import Doc
+
+from .structured.constraints import (
+    Constraint,
+    DocConstraints,
+    compile_constraints,
+    parse_constraints,
+)
+
+logger = logging.getLogger("spacy_fsemicrf")
+
+USER_DATA_KEY = "fsemicrf_constraints"
+"""The ``doc.user_data`` key of a document's own constraints."""
+
+
+def sentence_starts(doc: Doc) -> Tuple[int, ...]:
+    """The token offsets where the document's sentences start (empty: one sentence)."""
+    if not doc.has_annotation("SENT_START"):
+        return ()
+    return tuple(sent.start for sent in doc.sents)
+
+
+def constraints_of_docs(
+    docs: Sequence[Doc],
+    shared: Tuple[Constraint, ...],
+    labels: Tuple[str, ...],
+    component: str,
+) -> Optional[List[Optional[DocConstraints]]]:
+    """One entry per document (None where it has no constraints), or None when no document
+    has any. ``shared`` are the component's and the call's constraints (already checked)."""
+    out: List[Optional[DocConstraints]] = []
+    for doc in docs:
+        own = _own_constraints(doc, labels, component)
+        found = shared + own
+        out.append(DocConstraints(compile_constraints(found, labels), sentence_starts(doc))
+                   if found else None)
+    return out if any(c is not None for c in out) else None
+
+
+def _own_constraints(doc: Doc, labels: Tuple[str, ...], component: str) -> Tuple[Constraint, ...]:
+    items: Any = doc.user_data.get(USER_DATA_KEY)
+    if not items:
+        return ()
+    try:
+        own = parse_constraints(items)
+        compile_constraints(own, labels)  # names only known labels
+    except (TypeError, ValueError) as err:
+        logger.warning("%s: the constraints in doc.user_data[%r] are left out: %s",
+                       component, USER_DATA_KEY, err)
+        return ()
+    return own
+
+
+def check_constraints(items: Optional[Iterable[Any]], labels: Tuple[str, ...]) -> Tuple[Constraint, ...]:
+    """Parse constraints given to the component (raise ``ValueError`` on a bad one); with
+    ``labels`` (an initialized component), also check that they name known labels."""
+    parsed = parse_constraints(items or ())
+    if labels:
+        compile_constraints(parsed, labels)
+    return parsed

@@ -1,0 +1,119 @@
+"""Constraints and n-best through the ``fsemicrf_ner`` component: the settings, their
+round-trips, and what the predictions obey. The decoders themselves are checked against
+enumeration in test_constraints.py and test_nbest.py."""
+import logging
+
+import numpy
+import pytest
+import spacy
+
+from spacy_fsemicrf.doc_constraints import USER_DATA_KEY
+from spacy_fsemicrf.structured.constraints import parse_constraints, satisfies  # noqa: F401
+
+try:  # tests/ as a package (tests/__init__.py) or as a plain directory
+    from .conftest import TRAIN_DATA, make_examples, model_config, train_pipeline
+except ImportError:  # pragma: no cover
+    from conftest import TRAIN_DATA, make_examples, model_config, train_pipeline
+
+ARCHS = ["spacy-fsemicrf.FilteredSemiCRF.v1", "spacy-fsemicrf.SemiCRF.v1",
+         "spacy-fsemicrf.LinearCRF.v1"]
+TWO_ORGS = "John Smith works for Google and Apple in Paris ."
+AT_MOST_ONE_ORG = [{"kind": "at_most", "label": "ORG", "n": 1, "scope": "doc"}]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def trained(request):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": model_config(request.param)})
+    data = TRAIN_DATA + [(TWO_ORGS, [(0, 10, "PER"), (21, 27, "ORG"), (32, 37, "ORG"), (41, 46, "LOC")])]
+    train_pipeline(nlp, make_examples(nlp, data), n_iter=40)
+    return nlp
+
+
+def labels_of(doc, label):
+    return [e.text for e in doc.ents if e.label_ == label]
+
+
+def test_without_constraints_the_prediction_has_no_report(trained):
+    doc = trained(TWO_ORGS)
+    assert labels_of(doc, "ORG") == ["Google", "Apple"]
+    assert "constraints" not in doc.spans["fsemicrf"].attrs
+
+
+def test_a_constraint_set_on_the_component_is_obeyed_and_reported(trained):
+    ner = trained.get_pipe("fsemicrf_ner")
+    ner.constraints = AT_MOST_ONE_ORG
+    try:
+        doc = trained(TWO_ORGS)
+    finally:
+        ner.constraints = []
+    assert len(labels_of(doc, "ORG")) == 1
+    report = doc.spans["fsemicrf"].attrs["constraints"]
+    assert report["status"] == "optimal" and report["score"] <= report["unconstrained"]
+    # the constrained path is less probable than the unconstrained one
+    free = trained(TWO_ORGS).spans["fsemicrf"].attrs["path_probability"]
+    assert 0.0 <= doc.spans["fsemicrf"].attrs["path_probability"] < free
+
+
+def test_constraints_in_the_config_round_trip_and_can_be_overridden_at_load(trained, tmp_path):
+    trained.to_disk(tmp_path / "trained")
+    nlp = spacy.load(tmp_path / "trained",
+                     config={"components": {"fsemicrf_ner": {"constraints": AT_MOST_ONE_ORG}}})
+    assert nlp.get_pipe("fsemicrf_ner").constraints == AT_MOST_ONE_ORG
+    assert len(labels_of(nlp(TWO_ORGS), "ORG")) == 1
+    nlp.to_disk(tmp_path / "constrained")
+    loaded = spacy.load(tmp_path / "constrained")
+    assert loaded.config["components"]["fsemicrf_ner"]["constraints"] == AT_MOST_ONE_ORG
+    assert len(labels_of(loaded(TWO_ORGS), "ORG")) == 1
+    again = spacy.load(tmp_path / "constrained",
+                       config={"components": {"fsemicrf_ner": {"constraints": []}}})
+    assert labels_of(again(TWO_ORGS), "ORG") == ["Google", "Apple"]
+
+
+def test_constraints_per_call_and_per_document(trained, caplog):
+    docs = list(trained.pipe([TWO_ORGS, TWO_ORGS],
+                             component_cfg={"fsemicrf_ner": {"constraints": AT_MOST_ONE_ORG}}))
+    assert [len(labels_of(d, "ORG")) for d in docs] == [1, 1]
+    assert labels_of(trained(TWO_ORGS), "ORG") == ["Google", "Apple"]  # only for that call
+    doc = trained.make_doc(TWO_ORGS)
+    doc.user_data[USER_DATA_KEY] = [{"kind": "forbid_labels", "start": 4, "end": 5, "labels": ["ORG"]}]
+    doc = trained(doc)
+    assert "Google" not in labels_of(doc, "ORG")
+    bad = trained.make_doc(TWO_ORGS)
+    bad.user_data[USER_DATA_KEY] = [{"kind": "at_most", "label": "DRUG", "n": 1}]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        bad = trained(bad)
+    assert "left out" in caplog.text and labels_of(bad, "ORG") == ["Google", "Apple"]
+
+
+def test_an_infeasible_document_keeps_its_prediction_with_a_warning(trained, caplog):
+    force = [{"kind": "force_span", "start": 0, "end": 2, "label": "ORG"},
+             {"kind": "forbid_labels", "start": 0, "end": 1, "labels": ["ORG"]}]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        doc = trained.get_pipe("fsemicrf_ner")(trained.make_doc(TWO_ORGS), constraints=force)
+    assert doc.spans["fsemicrf"].attrs["constraints"]["status"] == "infeasible"
+    assert labels_of(doc, "ORG") == ["Google", "Apple"] and "satisfies" in caplog.text
+
+
+def test_bad_constraints_fail_when_set():
+    nlp = spacy.blank("en")
+    with pytest.raises(ValueError):
+        nlp.add_pipe("fsemicrf_ner", config={"constraints": [{"kind": "at_most", "label": "ORG", "n": -1}]})
+    ner = nlp.add_pipe("fsemicrf_ner", name="ok")
+    nlp.initialize(lambda: make_examples(nlp))
+    with pytest.raises(ValueError, match="DRUG"):
+        ner.constraints = [{"kind": "at_most", "label": "DRUG", "n": 1}]
+
+
+def test_nbest_is_ranked_with_probabilities_and_starts_with_the_prediction(trained):
+    ner = trained.get_pipe("fsemicrf_ner")
+    doc = trained(TWO_ORGS)
+    best = ner.nbest(doc, 5)
+    assert 1 <= len(best) <= 5
+    probs = [g.attrs["probability"] for g in best]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
+    assert [(s.start, s.end, s.label_) for s in best[0]] == [(e.start, e.end, e.label_) for e in doc.ents]
+    assert len({tuple((s.start, s.end, s.label_) for s in g) for g in best}) == len(best)
+    numpy.testing.assert_allclose(probs[0], doc.spans["fsemicrf"].attrs["path_probability"], rtol=1e-3)
+    with pytest.raises(ValueError):
+        ner.nbest(doc, 0)
