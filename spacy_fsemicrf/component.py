@@ -540,6 +540,12 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         segmentation's probability in ``attrs["probability"]``. Constraints do not apply."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
+        listener = "listener" in self.model.get_ref("tok2vec").name
+        if listener and len(doc) and doc.tensor.size == 0:
+            raise ValueError(
+                f"[{self.name}] nbest needs a document the pipeline has run on (its tok2vec "
+                f"vectors come from the shared tok2vec component): nbest(nlp(text), k)."
+            )
         found = model_nbest(self.model, [doc], k, self._filter_margin)[0]
         labels = self.labels
         groups = []
