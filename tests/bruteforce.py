@@ -6,7 +6,8 @@ and scored in plain Python, independently of the tensor code under test.
 * Semi-CRF: :func:`segmentations`, :func:`segmentation_score`, :func:`semicrf_enumerate`.
 * Linear-chain CRF: :func:`tag_sequences`, :func:`tag_sequence_score`, :func:`crf_enumerate`,
   :func:`crf_span_probabilities`.
-* Filtered semi-CRF graph: :func:`maximal_nonoverlapping_sets`, :func:`liang_edges`.
+* Filtered semi-CRF graph: :func:`maximal_nonoverlapping_sets`, :func:`liang_edges`,
+  :func:`filtered_enumerate`.
 """
 
 import math
@@ -267,3 +268,22 @@ def graph_paths(edges: List[Edge]) -> List[List[int]]:
 
     walk("START", [])
     return out
+
+
+def filtered_enumerate(nodes: Sequence[Tuple[int, int, int, float]], transitions=None) -> Enumeration:
+    """Enumerate the paths of a filtered graph: ``nodes`` are ``(start, end_inclusive, label,
+    score)``; a path is a maximal set of pairwise non-overlapping nodes, scored by its nodes'
+    scores plus, with ``transitions`` (``[C + 1][C + 1]``, row C = START, column C = END), the
+    transitions START -> first, between consecutive nodes and last -> END (none for the empty
+    path). Paths are tuples of node indices in start order; ``marginals`` is ``float64 [n]``."""
+    trans = _nested(transitions)
+    paths = []
+    for subset in maximal_nonoverlapping_sets([(s, e) for s, e, _, _ in nodes]):
+        chosen = tuple(sorted(subset, key=lambda k: nodes[k][0]))
+        total = sum(nodes[k][3] for k in chosen)
+        if trans is not None and chosen:
+            C = len(trans) - 1
+            labels = [C] + [nodes[k][2] for k in chosen] + [C]
+            total += sum(trans[p][q] for p, q in zip(labels, labels[1:]))
+        paths.append((chosen, total))
+    return _summarise(paths, (len(nodes),), lambda k: (k,))

@@ -1,6 +1,7 @@
 """The filtered semi-CRF against brute-force enumeration of maximal non-overlapping node sets."""
 import math
 from typing import List, Optional, Tuple
+from unittest import mock
 
 import numpy
 import pytest
@@ -13,8 +14,6 @@ from spacy_fsemicrf.structured.compaction import _length_blocks, _small_clusters
 from spacy_fsemicrf.structured.compaction import compact as compact_list
 from spacy_fsemicrf.structured.filtered import (
     _inside_documents,
-
-
     filtered_decode,
     filtered_log_partition,
     filtered_marginals,
@@ -27,7 +26,7 @@ from spacy_fsemicrf.structured.filtered import (
 )
 from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask
 
-from .bruteforce import liang_edges, maximal_nonoverlapping_sets
+from .bruteforce import filtered_enumerate, liang_edges, maximal_nonoverlapping_sets
 
 DTYPE = torch.float64
 
@@ -131,6 +130,80 @@ def test_gradient_of_log_z_is_the_marginals_and_batching_is_exact(problem):
         assert torch.equal(chosen_alone[0], chosen[b])
 
 
+@st.composite
+def bridge(draw, K: int, n: int):
+    """Four nodes ``u, w1, w2, v`` (``(start, width)``) where ``u -> v`` is an edge whose gap,
+    ``K`` to ``2K - 2`` tokens, is covered by ``w1`` (overlapping ``u``) and ``w2`` (overlapping
+    ``v``): the predecessor ``u`` ends before the last ``K`` ends that ``v``'s step sees, but
+    within the scan's window of ``2K - 1``. None when a document of ``n`` tokens is too short."""
+    reach = draw(st.integers(1, K - 1))  # w1 reaches this far past u's end
+    gap = draw(st.integers(K, reach + K - 1))
+    if gap + 2 > n:
+        return None
+    e = draw(st.integers(0, n - gap - 2))  # u's end; v starts at e + gap + 1
+    s = e + gap + 1
+    u_width = draw(st.integers(0, min(e, K - 1)))
+    w1_start = draw(st.integers(max(0, e + reach - K + 1), e))
+    v_width = draw(st.integers(0, min(K - 1, n - 1 - s)))
+    w2_start, w2_end = e + reach + 1, draw(st.integers(s, min(n - 1, e + reach + K)))
+    return [(e - u_width, u_width), (w1_start, e + reach - w1_start), (w2_start, w2_end - w2_start), (s, v_width)]
+
+
+@st.composite
+def long_node_sets(draw):
+    """Documents up to 18 tokens, longer than the scan's window of ``2K - 1`` ends for every
+    width from 2 to 6: often a :func:`bridge`, and up to 8 more nodes, in chains (each
+    starting with the previous one, at its end or right after it) or anywhere.
+    Returns ``(seed, lengths, node lists, max width, classes)``."""
+    K = draw(st.integers(2, 6))
+    docs, lengths = [], []
+    for _ in range(draw(st.integers(1, 3))):
+        n = draw(st.integers(1, 18))
+        nodes = set(draw(bridge(K, n)) or []) if draw(st.booleans()) else set()
+        start = draw(st.integers(0, n - 1))
+        for _ in range(draw(st.integers(0, 8))):
+            width = draw(st.integers(0, min(K - 1, n - 1 - start)))
+            nodes.add((start, width))
+            step = draw(st.sampled_from([0, width, width + 1, None]))
+            start = draw(st.integers(0, n - 1)) if step is None else min(n - 1, start + step)
+        docs.append(sorted(nodes))
+        lengths.append(n)
+    return draw(st.integers(0, 10_000)), lengths, docs, K, draw(st.integers(2, 4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(long_node_sets(), st.booleans(), st.booleans())
+def test_long_documents_match_brute_force_in_every_scan_layout(problem, use_t, split):
+    """log Z, Viterbi and the marginals on documents longer than the scan's window, with the
+    scan over whole documents (transitions), over clusters (none, with enumeration turned off),
+    and with every row length in a scan block of its own (``split``) or merged blocks."""
+    seed, lengths, docs, K, C = problem
+    B, L = len(docs), max(lengths)
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.zeros((B, L, K), dtype=torch.bool)
+    for b, nodes in enumerate(docs):
+        for i, w in nodes:
+            mask[b, i, w] = True
+    scores = torch.randn((B, L, K), generator=gen, dtype=DTYPE)
+    labels = torch.randint(1, C, (B, L, K), generator=gen) * mask
+    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    with mock.patch.object(compaction_module, "STEP_COST_IN_ROWS", 0 if split else 256), \
+            mock.patch.object(compaction_module, "ENUMERATE_MAX_NODES", 1):
+        log_z = filtered_log_partition(scores, mask, labels, T)
+        chosen, best = filtered_viterbi(scores, mask, labels, T)
+        marginals = filtered_marginals(scores, mask, labels, T)
+    for b in range(B):
+        grid = doc_nodes(mask, b)
+        nodes = [(i, i + w, int(labels[b, i, w]), float(scores[b, i, w])) for i, w in grid]
+        enum = filtered_enumerate(nodes, T)
+        assert log_z[b].item() == pytest.approx(enum.log_z, abs=1e-8)
+        assert best[b].item() == pytest.approx(enum.best_score, abs=1e-8)
+        picked = tuple(k for k, (i, w) in enumerate(grid) if chosen[b, i, w])
+        assert picked in enum.best_paths
+        got = [marginals[b, i, w].item() for i, w in grid]
+        assert got == pytest.approx(enum.marginals.tolist(), abs=1e-8)
+
+
 @settings(max_examples=60, deadline=None)
 @given(problems)
 def test_scan_predecessors_are_the_liang_edges(problem):
@@ -189,11 +262,22 @@ def test_gold_path_is_a_path_under_the_training_constraint(problem, gold_seed):
         paths = dict(enumerate_paths(scores, mask, labels, T, b))
         assert gold_path in paths
         assert paths[gold_path] == pytest.approx(gold_score[b].item(), abs=1e-8)
-        # every extra node overlaps a gold span, with a non-null local label
-        for i, w in doc_nodes(mask, b):
-            if grid[b, i, w] == 0:
-                assert local[b, i, w].argmax() > 0
-                assert any(gi <= i + w and i <= gi + gw for gi, gw in gold_path)
+    # The node set, span by span, by the rule: the gold spans with their labels, and every other
+    # candidate whose local argmax is an entity label and that overlaps a gold span, with that
+    # label (both ways: no extra node missing, none too many).
+    expected_mask = torch.zeros_like(mask)
+    expected_labels = torch.zeros_like(labels)
+    for b in range(B):
+        gold_spans = {(s, e): label for d, s, e, label in rows if d == b}
+        for i in range(int(lengths[b])):
+            for w in range(min(K, int(lengths[b]) - i)):
+                predicted = int(local[b, i, w].argmax())
+                if (i, i + w) in gold_spans:
+                    expected_mask[b, i, w], expected_labels[b, i, w] = True, gold_spans[i, i + w]
+                elif predicted > 0 and any(s <= i + w and i <= e for s, e in gold_spans):
+                    expected_mask[b, i, w], expected_labels[b, i, w] = True, predicted
+    assert torch.equal(mask, expected_mask)
+    assert torch.equal(labels, expected_labels)
 
 
 def test_no_nan_for_empty_documents_single_tokens_and_empty_node_sets():

@@ -113,12 +113,24 @@ def test_trf_configs_train_alike():
     assert len({head(config)["@architectures"] for config in trf}) == 3
 
 
+HEAD_OF_CONFIG = {"fsemicrf": "FilteredSemiCRF", "semicrf": "SemiCRF", "crf": "LinearCRF"}
+
+
 @pytest.mark.parametrize("name", CNN_CONFIGS + TRF_CONFIGS)
-def test_debug_config(name, corpus_paths):
+def test_debug_config(name, corpus_paths, capsys):
+    """`spacy debug config` finds each shipped config valid, and the config's head is this
+    package's architecture of the config's name, fed by the encoder of its kind."""
     train_path, dev_path = corpus_paths
-    debug_config(
-        CONFIGS / name, overrides={"paths.train": str(train_path), "paths.dev": str(dev_path)}
-    )
+    overrides = {"paths.train": str(train_path), "paths.dev": str(dev_path)}
+    debug_config(CONFIGS / name, overrides=overrides)
+    assert "Config is valid" in capsys.readouterr().out
+    model = spacy.util.load_config(CONFIGS / name)["components"]["fsemicrf_ner"]["model"]
+    head = HEAD_OF_CONFIG[name.rsplit("_", 1)[0]]
+    assert model["@architectures"] == f"spacy-fsemicrf.{head}.v1"
+    assert registry.architectures.get(model["@architectures"]).__module__ == "spacy_fsemicrf.architectures"
+    listener = "spacy.Tok2VecListener.v1" if name.endswith("_cnn.cfg") else (
+        "spacy-transformers.TransformerListener.v1")
+    assert model["tok2vec"]["@architectures"] == listener
 
 
 @pytest.mark.parametrize("name", ["semicrf_cnn.cfg", "crf_cnn.cfg"])
