@@ -16,8 +16,9 @@ loaded, so calibrated when the pipeline carries a map; ``spancat``: its
   gold entities, so it ends at the pipeline's recall) and the area under it (the sum of the
   precision at each threshold times the recall it adds);
 * for the fsemicrf_ner pipelines, the same figures for the raw scores, and on the dev set the
-  raw scores, the shipped map (isotonic regression) and Platt scaling fitted on one half of the
-  documents and measured on the other (both ways round), as a check of the calibration method.
+  raw scores and the maps (Platt scaling, isotonic regression and the one the package selects
+  between them) fitted on one half of the documents and measured on the other, both ways
+  round, as a check of the calibration method.
 
 spancat only reports the spans scoring above its own ``threshold`` (0.5 in the shipped
 config), which truncates its curve there; ``--spancat-threshold T`` adds a row for each
@@ -37,7 +38,14 @@ import numpy
 import spacy
 from spacy.tokens import Doc
 
-from spacy_fsemicrf.calibration import apply_calibration, fit_calibration, read_docs, unannotated
+from spacy_fsemicrf.calibration import (
+    apply_calibration,
+    fit_calibration,
+    fit_isotonic,
+    fit_platt,
+    read_docs,
+    unannotated,
+)
 
 N_BINS = 10
 CURVE_POINTS = 101  # points of the stored precision-recall curve (thresholds 0, 0.01, ... 1)
@@ -134,34 +142,17 @@ def summary(scores: numpy.ndarray, correct: numpy.ndarray, n_gold: int) -> Dict:
 # ----------------------------------------------------------------------------- methods
 
 
-def platt(raw: numpy.ndarray, correct: numpy.ndarray):
-    """Platt scaling for comparison: ``sigmoid(a * logit(raw) + b)`` fitted by Newton's method
-    on Platt's targets."""
-    p = numpy.clip(raw, 1e-7, 1 - 1e-7)
-    A = numpy.stack([numpy.log(p) - numpy.log1p(-p), numpy.ones_like(p)], 1)
-    n_pos, n_neg = int(correct.sum()), int((~correct).sum())
-    t = numpy.where(correct, (n_pos + 1) / (n_pos + 2), 1 / (n_neg + 2))
-    w = numpy.zeros(2)
-    for _ in range(50):
-        q = 1 / (1 + numpy.exp(-A @ w))
-        w -= numpy.linalg.solve((A * (q * (1 - q))[:, None]).T @ A + 1e-9 * numpy.eye(2), A.T @ (q - t))
-
-    def apply(r: numpy.ndarray) -> numpy.ndarray:
-        r = numpy.clip(r, 1e-7, 1 - 1e-7)
-        return 1 / (1 + numpy.exp(-(w[0] * (numpy.log(r) - numpy.log1p(-r)) + w[1])))
-
-    return apply
-
-
 def cross_fitted(raw: numpy.ndarray, correct: numpy.ndarray, doc_ids: numpy.ndarray, n_gold: int):
-    """Figures of the raw scores, of the shipped map (isotonic, :func:`fit_calibration`) and of
-    Platt scaling, fitted on the even documents and applied to the odd ones, and the reverse."""
+    """Figures of the raw scores and of the maps (Platt scaling, isotonic regression, and the
+    one :func:`fit_calibration` selects) fitted on the even documents and applied to the odd
+    ones, and the reverse."""
     folds = doc_ids % 2
-    out = {"raw": raw.copy(), "isotonic": numpy.zeros_like(raw), "platt": numpy.zeros_like(raw)}
+    fits = {"platt": fit_platt, "isotonic": fit_isotonic, "selected": fit_calibration}
+    out = {"raw": raw.copy(), **{name: numpy.zeros_like(raw) for name in fits}}
     for k in (0, 1):
         fit, use = folds != k, folds == k
-        out["isotonic"][use] = apply_calibration(fit_calibration(raw[fit], correct[fit]), raw[use])
-        out["platt"][use] = platt(raw[fit], correct[fit])(raw[use])
+        for name, fit_map in fits.items():
+            out[name][use] = apply_calibration(fit_map(raw[fit], correct[fit]), raw[use])
     return {name: {k: v for k, v in summary(s, correct, n_gold).items()
                    if k not in ("reliability", "pr_curve")} for name, s in out.items()}
 

@@ -283,6 +283,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"name the component to calibrate with --component (found {names})")
     fitted = calibrate_component(nlp, names[0], read_docs(args.dev, nlp.vocab))
     nlp.to_disk(output)
-    print(f"{names[0]}: calibration map fitted on {fitted['n_entities']} entities of {args.dev} "
-          f"({fitted['n_correct']} correct, {len(fitted['x'])} knots), saved to {output}")
+    print(f"{names[0]}: calibration map ({fitted['method']}) fitted on {fitted['n_entities']} "
+          f"entities of {args.dev} ({fitted['n_correct']} correct), saved to {output}")
     return 0

@@ -27,6 +27,8 @@ from spacy_fsemicrf.calibration import (
     calibrate_component,
     check_calibration,
     fit_calibration,
+    fit_isotonic,
+    fit_platt,
     make_calibrate_callback,
     raw_outcomes,
 )
@@ -200,44 +202,84 @@ def test_without_extras_the_heads_give_only_the_entities():
 # ----------------------------------------------------------------------------- the map
 
 
-def test_the_fit_recovers_a_known_map_and_is_monotone():
-    rng = numpy.random.default_rng(0)
-    z = rng.normal(1.5, 2.0, 40_000)
-    raw = 1 / (1 + numpy.exp(-z))
-    truth = lambda p: 1 / (1 + numpy.exp(-(0.6 * numpy.log(p / (1 - p)) - 0.4)))  # noqa: E731
-    correct = rng.random(z.size) < truth(raw)
-    fitted = check_calibration(fit_calibration(raw, correct))
-    assert fitted["n_entities"] == z.size and fitted["n_correct"] == int(correct.sum())
+def _outcomes(truth, n: int = 40_000, seed: int = 0):
+    """Raw scores spread over (0, 1) and outcomes drawn with probability ``truth(raw)``."""
+    rng = numpy.random.default_rng(seed)
+    raw = 1 / (1 + numpy.exp(-rng.normal(1.0, 2.0, n)))
+    return raw, rng.random(n) < truth(raw)
+
+
+def logistic_truth(p):
+    return 1 / (1 + numpy.exp(-(0.6 * numpy.log(p / (1 - p)) - 0.4)))
+
+
+def capped_truth(p):
+    """Accurate just below a ceiling at 0.8, as a head trained with boundary smoothing."""
+    return numpy.where(p < 0.7, 0.6 * p, numpy.minimum(0.42 + 5.5 * (p - 0.7), 0.97))
+
+
+def test_platt_recovers_a_logistic_map():
+    raw, correct = _outcomes(logistic_truth)
+    fitted = check_calibration(fit_platt(raw, correct))
+    assert fitted["slope"] == pytest.approx(0.6, abs=0.03)
+    assert fitted["intercept"] == pytest.approx(-0.4, abs=0.05)
+
+
+def test_isotonic_recovers_a_non_logistic_map_and_keeps_the_order():
+    raw, correct = _outcomes(capped_truth)
+    fitted = check_calibration(fit_isotonic(raw, correct))
     grid = numpy.linspace(0.05, 0.95, 19)
-    numpy.testing.assert_allclose(apply_calibration(fitted, grid), truth(grid), atol=0.04)
+    numpy.testing.assert_allclose(apply_calibration(fitted, grid), capped_truth(grid), atol=0.05)
     everywhere = numpy.linspace(0, 1, 10_001, dtype="float32")
     out = apply_calibration(fitted, everywhere)
     assert numpy.all(numpy.diff(out) >= 0) and out.min() > 0 and out.max() < 1
-    assert numpy.array_equal(apply_calibration(None, everywhere), everywhere)
-    # between two knots the order of the raw scores is kept
-    inside = everywhere[(everywhere > fitted["x"][0]) & (everywhere < fitted["x"][-1])]
-    assert len(numpy.unique(apply_calibration(fitted, inside))) > 0.9 * len(inside)
+    # between two knots of different scores the order of the raw scores is kept
+    x, y = numpy.asarray(fitted["x"]), numpy.asarray(fitted["y"])
+    rising = numpy.flatnonzero(numpy.diff(y) > 0)
+    assert len(rising) > 10
+    between = x[rising, None] + (x[rising + 1] - x[rising])[:, None] * numpy.array([0.25, 0.5, 0.75])
+    assert numpy.all(numpy.diff(apply_calibration(fitted, between.astype("float32")), axis=1) > 0)
 
 
-def test_the_fit_on_small_or_odd_data():
+@pytest.mark.parametrize("truth, method", [(logistic_truth, "platt"), (capped_truth, "isotonic")])
+def test_the_fit_selects_the_map_that_predicts_held_out_outcomes_better(truth, method):
+    raw, correct = _outcomes(truth, n=10_000)
+    fitted = check_calibration(fit_calibration(raw, correct))
+    assert fitted["method"] == method
+    assert fitted["n_entities"] == raw.size and fitted["n_correct"] == int(correct.sum())
+    assert fitted["selection"][method] == min(fitted["selection"].values())
+    out = apply_calibration(fitted, numpy.linspace(0, 1, 1001, dtype="float32"))
+    assert numpy.all(numpy.diff(out) >= 0) and out.min() >= 0 and out.max() <= 1
+    assert numpy.array_equal(apply_calibration(None, raw), raw.astype("float32"))
+
+
+def test_the_maps_on_small_or_odd_data():
     raw = numpy.array([0.2, 0.4, 0.6, 0.8])
-    anti = fit_calibration(raw, numpy.array([True, True, False, False]))
+    anti = fit_isotonic(raw, numpy.array([True, True, False, False]))
     assert len(anti["x"]) == 1 and anti["y"] == [pytest.approx(3 / 6)]  # one step, 2 of 4 right
-    separable = fit_calibration(raw, numpy.array([False, False, True, True]))
+    assert fit_platt(raw, numpy.array([True, True, False, False]))["slope"] == 0.0  # constant
+    separable = fit_isotonic(raw, numpy.array([False, False, True, True]))
     assert separable["y"] == [pytest.approx(1 / 4), pytest.approx(3 / 4)]  # never 0 or 1
     assert separable["x"] == [pytest.approx(0.3), pytest.approx(0.7)]
-    tied = fit_calibration(numpy.array([1.0, 1.0, 1.0, 0.5]), numpy.array([True, True, False, False]))
+    steep = fit_platt(raw, numpy.array([False, False, True, True]))
+    assert math.isfinite(steep["slope"]) and steep["slope"] > 0
+    saturated = fit_platt(numpy.array([1.0, 1.0, 0.0]), numpy.array([True, False, False]))
+    assert all(math.isfinite(saturated[k]) for k in ("slope", "intercept"))
+    tied = fit_isotonic(numpy.array([1.0, 1.0, 1.0, 0.5]), numpy.array([True, True, False, False]))
     assert tied["x"] == [0.5, 1.0] and tied["y"] == [pytest.approx(1 / 3), pytest.approx(3 / 5)]
-    mostly_right = fit_calibration(numpy.array([0.2, 0.4, 0.6, 0.8, 0.9, 0.95]),
-                                   numpy.array([False, True, True, True, True, True]))
+    mostly_right = fit_isotonic(numpy.array([0.2, 0.4, 0.6, 0.8, 0.9, 0.95]),
+                                numpy.array([False, True, True, True, True, True]))
     share = (5 + 1) / (6 + 2)  # each step shrinks towards the share of correct entities
     assert mostly_right["y"] == [pytest.approx(2 * share / 3), pytest.approx((5 + 2 * share) / 7)]
-    empty = fit_calibration(numpy.zeros(0), numpy.zeros(0, dtype=bool))
-    assert apply_calibration(empty, numpy.array([0.3]))[0] == pytest.approx(0.3)
+    for raw_one in ([0.7], []):
+        fitted = check_calibration(fit_calibration(numpy.array(raw_one), numpy.ones(len(raw_one), bool)))
+        assert 0 <= apply_calibration(fitted, numpy.array([0.3]))[0] <= 1
     for bad in ({"method": "isotonic", "x": [0.5, 0.4], "y": [0.1, 0.2]},
                 {"method": "isotonic", "x": [0.4, 0.5], "y": [0.3, 0.2]},
                 {"method": "isotonic", "x": [0.4], "y": [1.5]},
-                {"method": "platt", "slope": 1.0, "intercept": 0.0}, {"x": []}, [0.1]):
+                {"method": "platt", "slope": -1.0, "intercept": 0.0},
+                {"method": "platt", "slope": float("nan"), "intercept": 0.0},
+                {"method": "beta"}, {"x": []}, [0.1]):
         with pytest.raises(ValueError, match="calibration map"):
             check_calibration(bad)
 
@@ -427,7 +469,7 @@ def test_the_command_calibrates_a_saved_pipeline(small_nlp, tmp_path, capsys):
     dev = write_corpus(tmp_path / "dev.spacy", small_nlp)
     calibration.main([str(tmp_path / "model"), str(dev), "--output", str(tmp_path / "calibrated")])
     fitted = spacy.load(tmp_path / "calibrated").get_pipe("fsemicrf_ner").calibration
-    assert fitted["n_entities"] > 0 and "calibration map fitted" in capsys.readouterr().out
+    assert fitted["n_entities"] > 0 and "calibration map (" in capsys.readouterr().out
     assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is None
     calibration.main([str(tmp_path / "model"), str(dev)])  # in place
     assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is not None
