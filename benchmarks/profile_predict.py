@@ -38,6 +38,8 @@ STAGES: List[Tuple[str, str, str, str]] = [
     ("filter and node set", "spacy_fsemicrf.structured.filtered", "inference_node_set", "predict"),
     ("decode and marginals", "spacy_fsemicrf.structured.filtered", "decode_node_set", "predict"),
     ("node rows", "spacy_fsemicrf.structured.filtered:NodeSet", "spans", "predict"),
+    ("local label probability", "spacy_fsemicrf.structured.heads", "local_label_probability", "predict"),
+    ("path probability", "spacy_fsemicrf.structured.heads", "filtered_path_scores", "predict"),
 ]
 
 

@@ -1,0 +1,123 @@
+"""Prediction words/s of several pipelines at several document lengths, side by side.
+
+    python benchmarks/throughput.py --test corpus/test.spacy \
+        --models ner=training/ner/model-best fsemicrf=training/fsemicrf/model-best \
+                 semicrf=training/semicrf/model-best crf=training/crf/model-best \
+                 spancat=training/spancat/model-best \
+        --encoder-only fsemicrf --reference ner --output benchmarks/results/throughput
+
+Documents of each length are cut from the test set's running text (as in
+``profile_predict.py``); every pipeline predicts the same documents with ``nlp.pipe`` on one
+thread, the pipelines interleaved within each repeat, and words/s is the median over the repeats
+of the words divided by the thread's CPU time (which other processes on the machine do not
+inflate). ``<name>:tok2vec`` is the pipeline of ``--encoder-only`` with only its tok2vec
+component: the limit of any head on that encoder. ``head share`` = 1 - pipeline words/s /
+tok2vec-only words/s. Writes ``<output>.json``, ``.md`` and ``.png``.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_predict import cut_docs  # noqa: E402
+
+
+def time_pipe(nlp, docs, batch_size: int, disable: List[str]) -> float:
+    """Thread CPU seconds of ``nlp.pipe`` over copies of ``docs``."""
+    batch = [d.copy() for d in docs]
+    t0 = time.thread_time()
+    for _ in nlp.pipe(batch, batch_size=batch_size, disable=disable):
+        pass
+    return time.thread_time() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", required=True, help="name=path")
+    parser.add_argument("--test", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--encoder-only", default=None, help="a pipeline whose tok2vec alone is timed")
+    parser.add_argument("--reference", default="ner")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[10, 35, 150, 1500])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 1])
+    parser.add_argument("--tokens", type=int, default=20000, help="tokens per length (batch 64)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import spacy
+    from spacy.tokens import DocBin
+
+    nlps = {name: spacy.load(path) for name, path in (m.split("=", 1) for m in args.models)}
+    paths = dict(m.split("=", 1) for m in args.models)
+    runs = [(name, nlp, []) for name, nlp in nlps.items()]
+    if args.encoder_only:
+        nlp = nlps[args.encoder_only]
+        runs.append((f"{args.encoder_only}:tok2vec", nlp, [p for p in nlp.pipe_names if p != "tok2vec"]))
+    vocab = next(iter(nlps.values())).vocab
+    test = list(DocBin().from_disk(args.test).get_docs(vocab))
+    rows = []
+    for length in args.lengths:
+        docs = cut_docs(next(iter(nlps.values())), test, length, args.tokens)
+        for batch_size in args.batch_sizes:
+            subset = docs if batch_size > 1 else docs[: max(1, len(docs) // 4)]
+            n_words = sum(len(d) for d in subset)
+            times: Dict[str, List[float]] = {name: [] for name, _, _ in runs}
+            for name, nlp, disable in runs:  # warm-up
+                time_pipe(nlp, subset[:batch_size], batch_size, disable)
+            for r in range(args.repeats):
+                order = runs[r % len(runs):] + runs[: r % len(runs)]
+                for name, nlp, disable in order:
+                    times[name].append(time_pipe(nlp, subset, batch_size, disable))
+            wps = {name: n_words / statistics.median(t) for name, t in times.items()}
+            rows.append({"length": length, "batch_size": batch_size, "docs": len(subset),
+                         "words": n_words, "words_per_s": wps})
+            print(f"length {length} batch {batch_size}: " + ", ".join(f"{k} {v:.0f}" for k, v in wps.items()))
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"models": paths, "test": args.test, "threads": 1, "repeats": args.repeats,
+            "clock": "thread CPU time", "torch": torch.__version__, "spacy": spacy.__version__}
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    names = [name for name, _, _ in runs]
+    ref = args.reference
+    limit = f"{args.encoder_only}:tok2vec" if args.encoder_only else None
+    lines = ["# Prediction words/s by document length", "",
+             f"One thread, median of {args.repeats} interleaved repeats, thread CPU time; documents "
+             f"cut from `{args.test}`. Ratios are to `{ref}` in the same run.", "",
+             "| length | batch | " + " | ".join(names) + (" | head share |" if limit else " |"),
+             "|---:|---:|" + "---:|" * (len(names) + bool(limit))]
+    for row in rows:
+        w = row["words_per_s"]
+        cells = [f"{w[n]:.0f} ({w[n] / w[ref]:.2f}x)" for n in names]
+        share = [f"{100 * (1 - w[args.encoder_only] / w[limit]):.1f}%"] if limit else []
+        lines.append(f"| {row['length']} | {row['batch_size']} | " + " | ".join(cells + share) + " |")
+    lines += ["", "Made by `python benchmarks/throughput.py " + " ".join(sys.argv[1:]) + "`."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return
+    fig, axes = plt.subplots(1, len(args.batch_sizes), figsize=(6 * len(args.batch_sizes), 4))
+    for ax, batch_size in zip(axes if len(args.batch_sizes) > 1 else [axes], args.batch_sizes):
+        sel = [r for r in rows if r["batch_size"] == batch_size]
+        for name in names:
+            ax.plot([r["length"] for r in sel], [r["words_per_s"][name] for r in sel], marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("document length (tokens)")
+        ax.set_ylabel("words/s (one thread)")
+        ax.set_title(f"batch {batch_size}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=100)
+
+
+if __name__ == "__main__":
+    main()
