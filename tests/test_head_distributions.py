@@ -1,4 +1,5 @@
-"""What each head decodes, against brute-force enumeration of the head's own distribution.
+"""What each head decodes and the loss it trains on, against brute-force enumeration of the
+head's own distribution.
 
 On tiny random inputs, a randomly initialised head's prediction ``head(X, lengths)`` must be
 the best structure of the distribution its scores define (the best path of the filtered graph,
@@ -11,6 +12,11 @@ its value under that distribution, enumerated in plain Python (:mod:`.bruteforce
   probability of the node's label times the node's path marginal;
 * exact semi-CRF: the marginal of the labelled segment over all segmentations;
 * linear-chain CRF: the probability that the labelled span is an entity of the tag sequence.
+
+The training loss ``head(X, lengths, gold)`` must be ``log Z - score(gold)`` summed over the
+documents, with ``Z`` enumerated (for the filtered head over the training graph: the gold spans
+and the predicted ones that overlap them), plus the filtered head's weighted local
+cross-entropy.
 """
 import math
 from typing import List, Tuple
@@ -27,7 +33,9 @@ from .bruteforce import (
     crf_span_probabilities,
     entities_by_definition,
     filtered_enumerate,
+    segmentation_score,
     semicrf_enumerate,
+    tag_sequence_score,
 )
 
 D, M = 6, 2
@@ -234,3 +242,108 @@ def test_confidences_are_probabilities_of_exclusive_events():
     assert enum.marginals.tolist() == pytest.approx(
         [math.exp(1.8) / z, math.exp(0.8) / z, math.exp(1.8) / z, 1.0]
     )
+
+
+# ----------------------------------------------------------------------------- training losses
+
+
+def random_gold(seed: int, lengths: torch.Tensor, K: int) -> List[Row]:
+    """The entities of a random segmentation of each document (widths 1..K, labels 1..M)."""
+    gen = torch.Generator().manual_seed(seed + 2)
+    rows = []
+    for b, n in enumerate(lengths.tolist()):
+        i = 0
+        while i < n:
+            w = min(int(torch.randint(0, K, (1,), generator=gen)), n - 1 - i)
+            if torch.rand((1,), generator=gen).item() < 0.5:
+                rows.append((b, i, i + w, int(torch.randint(1, M + 1, (1,), generator=gen))))
+            i += w + 1
+    return rows
+
+
+def head_loss(head, X, lengths, rows: List[Row]) -> float:
+    return float(head(X, lengths, torch.tensor(rows, dtype=torch.long).view(-1, 4)).detach())
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("transitions", [False, True])
+def test_filtered_head_loss_is_local_cross_entropy_plus_the_training_graph_crf(seed, transitions):
+    K, null_weight = 3, 0.6
+    torch.manual_seed(seed)
+    head = FilteredSemiCRFHead(
+        D, M, max_width=K, hidden_width=16, transitions=transitions, null_weight=null_weight
+    )
+    head = randomise(head, seed, scale=3.0)
+    X, lengths = inputs(seed, B=3, L=7)
+    rows = random_gold(seed, lengths, K)
+    with torch.no_grad():
+        local, glob = (s.double() for s in head.span_scores(X, lengths))
+    T = None if head.transitions is None else head.transitions.detach().double()
+    expected, n_extra = 0.0, 0
+    for b in range(X.shape[0]):
+        gold = {(s, e): label for d, s, e, label in rows if d == b}
+        nodes = [(s, e, label, float(glob[b, s, e - s, label])) for (s, e), label in gold.items()]
+        n = int(lengths[b])
+        for i in range(n):
+            for w in range(min(K, n - i)):
+                target = gold.get((i, i + w), 0)
+                weight = 1.0 if target else null_weight
+                expected -= weight * float(local[b, i, w].log_softmax(0)[target])
+                predicted = int(local[b, i, w].argmax())
+                overlaps = any(s <= i + w and i <= e for s, e in gold)
+                if not target and predicted and overlaps:
+                    nodes.append((i, i + w, predicted, float(glob[b, i, w, predicted])))
+                    n_extra += 1
+        enum = filtered_enumerate(nodes, T)
+        gold_path = tuple(sorted(range(len(gold)), key=lambda k: nodes[k][0]))
+        expected += enum.log_z - dict(enum.paths)[gold_path]
+    assert n_extra > 0  # the training graph is more than the gold path
+    assert head_loss(head, X, lengths, rows) == pytest.approx(expected, rel=1e-5, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("transitions", [False, True])
+def test_semicrf_head_loss_is_log_z_minus_the_gold_segmentation(seed, transitions):
+    K = 3
+    torch.manual_seed(seed)
+    head = SemiCRFHead(D, M, max_width=K, hidden_width=16, transitions=transitions)
+    head = randomise(head, seed, scale=3.0)
+    X, lengths = inputs(seed, B=3, L=6)
+    rows = random_gold(seed, lengths, K)
+    with torch.no_grad():
+        scores = head.span_scores(X, lengths).double()
+    T = None if head.transitions is None else head.transitions.detach().double()
+    expected = 0.0
+    for b in range(X.shape[0]):
+        entities = {s: (s, e, label) for d, s, e, label in rows if d == b}
+        segments, i = [], 0
+        while i < int(lengths[b]):
+            segments.append(entities.get(i, (i, i, 0)))
+            i = segments[-1][1] + 1
+        expected += semicrf_enumerate(scores[b], int(lengths[b]), T).log_z
+        expected -= segmentation_score(scores[b], segments, T)
+    assert head_loss(head, X, lengths, rows) == pytest.approx(expected, rel=1e-5, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("scheme", ["BIO", "BILUO"])
+def test_linear_crf_head_loss_is_log_z_minus_the_gold_tags(seed, scheme):
+    torch.manual_seed(seed)
+    head = randomise(LinearCRFHead(D, M, hidden_width=16, scheme=scheme), seed, scale=3.0)
+    X, lengths = inputs(seed, B=3, L=5 if scheme == "BIO" else 4)
+    rows = random_gold(seed, lengths, K=3)
+    with torch.no_grad():
+        emissions = head.emissions(X, lengths).double()
+    T = head.transitions.detach().double()
+    names = list(head.scheme.names)
+    expected = 0.0
+    for b in range(X.shape[0]):
+        tags = ["O"] * int(lengths[b])
+        for _, s, e, label in (r for r in rows if r[0] == b):
+            for t in range(s, e + 1):
+                kind = "B" if t == s else "L" if t == e and scheme == "BILUO" else "I"
+                tags[t] = f"{'U' if s == e and scheme == 'BILUO' else kind}-{label}"
+        ids = [names.index(tag) for tag in tags]
+        expected += crf_enumerate(emissions[b], T, len(ids), head.scheme.allowed).log_z
+        expected -= tag_sequence_score(emissions[b], T, ids)
+    assert head_loss(head, X, lengths, rows) == pytest.approx(expected, rel=1e-5, abs=1e-4)

@@ -1,0 +1,365 @@
+"""Mutation testing of the structured layer and the pipeline component, with mutmut 3.
+
+    python scripts/mutation.py --output docs/mutation.md
+
+mutmut rewrites every function of the mutated modules into many small variants (an operator
+swapped, a constant changed, an argument dropped, ...) and runs, for each variant, the tests
+that call that function (it records which ones once, on the clean code). A variant that no
+test notices *survives*: either the tests miss a behaviour, or the change makes no difference
+(an *equivalent* mutant, listed with its reason in ``scripts/mutation_equivalent.json``).
+
+Each group of modules runs in its own copy of the committed tree (``git archive HEAD``) under
+``--workdir``, never in the working tree, since mutmut writes a ``mutants/`` copy of the code
+next to the sources and other work may be running there. Each group has its test files; tests
+whose run time would dominate every mutant (long trainings, subprocesses) are deselected there.
+Hypothesis runs derandomized, without its example database and without shrinking, so that a
+run gives the same verdicts every time and a failing example costs no shrinking time.
+
+The report (``--output``): killed / survived / timeout / equivalent per module, the mutation
+score (killed and timed-out over the non-equivalent mutants), every survivor with its change,
+and the functions mutmut does not mutate (decorated ones, e.g. ``@torch.no_grad()`` wrappers
+and properties).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from io import BytesIO
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENT_FILE = ROOT / "scripts" / "mutation_equivalent.json"
+
+
+@dataclass
+class Group:
+    """Modules mutated together, with the test files that may kill their mutants."""
+
+    modules: List[str]
+    tests: List[str]
+    deselect: List[str] = field(default_factory=list)  # ``-k`` expressions left out
+
+
+GROUPS: Dict[str, Group] = {
+    "structured": Group(
+        modules=["spacy_fsemicrf/structured/*.py"],
+        tests=[
+            "tests/test_filtered.py",
+            "tests/test_semicrf.py",
+            "tests/test_linear_crf.py",
+            "tests/test_spans.py",
+            "tests/test_heads.py",
+            "tests/test_head_distributions.py",
+            "tests/test_calibration.py",
+            "tests/test_constraints.py",
+            "tests/test_nbest.py",
+        ],
+        # the toy-task trainings and 40 s of long-document gradients would dominate every
+        # head mutant (the losses and decodes are checked exactly by test_head_distributions),
+        # and a subprocess cannot see the mutants
+        deselect=["learns_the_toy_task", "two_threads", "works_without_spacy"],
+    ),
+    "component": Group(
+        modules=["spacy_fsemicrf/component.py"],
+        tests=[
+            "tests/test_component.py",
+            "tests/test_architectures.py",
+            "tests/test_calibration.py",
+            "tests/test_component_constraints.py",
+        ],
+        # a subprocess pipeline (it imports the installed package, not the mutants)
+        deselect=["two_processes"],
+    ),
+}
+"""Test files that are not in the tree are left out (the list names those of every module)."""
+
+# What mutmut's exit codes mean (mutmut.stats.status_by_exit_code), folded into the report's
+# columns. A timeout or a crash is a mutant the tests noticed.
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",
+          36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout",
+          -11: "crashed", -9: "crashed", None: "not run"}
+
+HYPOTHESIS_PROFILE = '''"""Hypothesis settings for mutation runs (loaded with -p): same examples every run, no
+example database, no shrinking (a failure is all a mutation run needs to know)."""
+from hypothesis import Phase, settings
+
+settings.register_profile(
+    "mutation", derandomize=True, database=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+settings.load_profile("mutation")
+'''
+
+
+def export_tree(dest: Path, source: str) -> None:
+    """The committed tree (``git archive HEAD``), or with ``source == "worktree"`` the working
+    tree's files (tracked and untracked, not ignored), into ``dest``."""
+    if source == "head":
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, check=True, capture_output=True
+        ).stdout
+        with tarfile.open(fileobj=BytesIO(archive)) as tar:
+            try:
+            tar.extractall(dest, filter="data")
+        except TypeError:  # Python without extraction filters (before 3.10.12 / 3.11.4)
+            tar.extractall(dest)
+        return
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+
+
+def mutmut_config(group: Group) -> str:
+    """The ``[mutmut]`` section of the copy's setup.cfg for ``group``."""
+    args = ["-p", "mutation_profile", "-p", "no:cacheprovider"]
+    if group.deselect:
+        args += ["-k", " and ".join(f"not {name}" for name in group.deselect)]
+    lines = ["[mutmut]", "source_paths = spacy_fsemicrf", "also_copy = mutation_profile.py"]
+    lines += ["only_mutate ="] + [f"    {m}" for m in group.modules]
+    lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in group.tests]
+    lines += ["pytest_add_cli_args ="] + [f"    {a}" for a in args]
+    # torch does not survive a fork of a process that has run it: fork from a clean server
+    lines += ["process_isolation = forkserver", "timeout_multiplier = 5.0", ""]
+    return "\n".join(lines)
+
+
+def run_group(name: str, group: Group, workdir: Path, max_children: int, source: str) -> Path:
+    """Copy the tree, configure mutmut and run it; returns the copy's directory."""
+    tree = workdir / name
+    if tree.exists():
+        shutil.rmtree(tree)
+    tree.mkdir(parents=True)
+    export_tree(tree, source)
+    missing = [t for t in group.tests if not (tree / t).exists()]
+    group = Group(group.modules, [t for t in group.tests if t not in missing], group.deselect)
+    with open(tree / "setup.cfg", "a") as cfg:
+        cfg.write("\n" + mutmut_config(group))
+    (tree / "mutation_profile.py").write_text(HYPOTHESIS_PROFILE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    start = time.time()
+    with open(tree / "mutmut.log", "w") as log:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+            cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    (tree / "mutmut.seconds").write_text(f"{time.time() - start:.0f}\n")
+    if proc.returncode != 0:
+        sys.exit(f"mutmut failed for {name} (exit {proc.returncode}); see {tree / 'mutmut.log'}")
+    return tree
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class Mutant:
+    name: str
+    module: str
+    status: str
+    removed: str  # the original line(s) the mutant changes
+    added: str  # what it puts there
+    reason: Optional[str] = None  # why it is equivalent, when it is
+
+
+def changed_lines(diff: str) -> Tuple[str, str]:
+    """The removed and added lines of a unified diff, stripped and joined."""
+    body = [line for line in diff.splitlines() if not line.startswith(("---", "+++", "@@"))]
+    removed = " / ".join(l[1:].strip() for l in body if l.startswith("-"))
+    added = " / ".join(l[1:].strip() for l in body if l.startswith("+"))
+    return removed, added
+
+
+DEVICE_ONLY = "changes only the device a tensor is made on or moved to: the run is on CPU, " \
+    "where that is the default (tests/test_cuda.py checks the GPU path on a GPU)"
+
+
+def _without_devices(line: str) -> str:
+    """``line`` with every device argument, ``.to(<device>)`` move and device assignment taken
+    out (``None`` counts as a device here: ``.to(None)`` and ``device=None`` are no-ops)."""
+    line = re.sub(r"^(\s*device) = .*$", r"\1 = D", line)
+    line = re.sub(r"\.to\((?:[\w.]*device|None)\)", "", line)
+    line = re.sub(r"\.to\((?:[\w.]*device|None),\s*", ".to(", line)
+    line = re.sub(r",?\s*device=(?:[\w.]+(?:\([^()]*\))?)", "", line)
+    return re.sub(r",\s*\)", ")", line).replace("(, ", "(")
+
+
+def device_only(removed: str, added: str) -> bool:
+    """Whether a mutant differs from the original only in device arguments."""
+    return bool(removed) and _without_devices(removed) == _without_devices(added)
+
+
+def load_equivalent() -> Dict[Tuple[str, str, str], str]:
+    """Equivalent mutants keyed by ``(module, original line, mutated line)``: stable while the
+    line stays as it is, whatever mutmut numbers the mutant."""
+    entries = json.loads(EQUIVALENT_FILE.read_text()) if EQUIVALENT_FILE.exists() else []
+    return {(e["module"], e["original"], e["mutant"]): e["reason"] for e in entries}
+
+
+def collect(tree: Path) -> List[Mutant]:
+    """Every mutant of a finished run, with its status and change."""
+    sys.path.insert(0, str(tree))  # mutmut reads its files relative to the copy
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    equivalent = load_equivalent()
+    mutants = []
+    cwd = os.getcwd()
+    os.chdir(tree)
+    try:
+        for meta in sorted(Path("mutants").rglob("*.py.meta")):
+            path = str(meta.relative_to("mutants"))[: -len(".meta")]
+            data = SourceFileMutationData(path=path)
+            data.load()
+            for key, code in sorted(data.exit_code_by_key.items(), key=lambda kv: _order(kv[0])):
+                status = STATUS.get(code, "crashed")
+                removed = added = ""
+                if status in ("survived", "no tests"):
+                    removed, added = changed_lines(get_diff_for_mutant(key, path=path))
+                reason = equivalent.get((path, removed, added))
+                if not reason and status == "survived" and device_only(removed, added):
+                    reason = DEVICE_ONLY
+                mutants.append(Mutant(key, path, "equivalent" if reason else status, removed, added, reason))
+    finally:
+        os.chdir(cwd)
+        sys.path.remove(str(tree))
+    return mutants
+
+
+def _order(key: str) -> Tuple[str, int]:
+    base, _, number = key.rpartition("__mutmut_")
+    return base, int(number) if number.isdigit() else 0
+
+
+def undecorated(module_glob: str, tree: Path) -> List[str]:
+    """Functions mutmut 3 leaves alone in ``module_glob``: decorated ones (other than
+    staticmethod and classmethod)."""
+    out = []
+    for path in sorted(tree.glob(module_glob)):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.decorator_list:
+                names = [ast.unparse(d) for d in node.decorator_list]
+                if names not in (["staticmethod"], ["classmethod"]):
+                    out.append(f"`{path.relative_to(tree)}:{node.name}` (@{', @'.join(names)})")
+    return out
+
+
+COLUMNS = ["killed", "timeout", "crashed", "survived", "no tests", "equivalent"]
+
+
+def score(counts: Counter) -> Tuple[int, float]:
+    """``(non-equivalent mutants, share of them detected)``."""
+    total = sum(counts[c] for c in COLUMNS if c != "equivalent")
+    detected = counts["killed"] + counts["timeout"] + counts["crashed"]
+    return total, (detected / total if total else 1.0)
+
+
+def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
+    lines = [
+        "# Mutation testing",
+        "",
+        "What the test suite notices when the code is wrong: [mutmut](https://github.com/boxed/mutmut) 3 "
+        "changes one thing at a time in `spacy_fsemicrf/structured/` and "
+        "`spacy_fsemicrf/component.py` and runs the tests that reach the changed function.",
+        "Produced by `python scripts/mutation.py --output docs/mutation.md` "
+        "(`python -m spacy project run mutation`; not part of CI).",
+        "",
+        "*Score* = (killed + timeout + crashed) / (all - equivalent). A *survivor* is a change no "
+        "test noticed; *no tests*: no selected test calls the function. Equivalent mutants "
+        "(the change makes no observable difference) are listed in "
+        "`scripts/mutation_equivalent.json`, each with its reason, except those that only "
+        "change a device argument (`device=...`, `.to(device)`): the run is on CPU, where "
+        "that is the default, so they count as equivalent here (`tests/test_cuda.py` covers "
+        "the GPU path on a GPU machine).",
+        "",
+    ]
+    for name, (tree, mutants) in results.items():
+        group = GROUPS[name]
+        seconds = (tree / "mutmut.seconds").read_text().strip()
+        lines += [f"## {name}", "",
+                  f"Tests: {', '.join('`' + t + '`' for t in group.tests)}"
+                  + (f" (deselected: {', '.join(group.deselect)})" if group.deselect else "")
+                  + f". Run time: {int(seconds) // 60} min.", ""]
+        lines += ["| module | mutants | " + " | ".join(COLUMNS) + " | score |",
+                  "|---" * (len(COLUMNS) + 3) + "|"]
+        by_module: Dict[str, Counter] = {}
+        for m in mutants:
+            by_module.setdefault(m.module, Counter())[m.status] += 1
+        by_module = {k: v for k, v in by_module.items() if sum(v.values())}
+        total = Counter()
+        for module, counts in sorted(by_module.items()):
+            total += counts
+            lines.append(_row(f"`{module}`", counts))
+        lines.append(_row("**all**", total))
+        lines += ["", "### Survivors", ""]
+        survivors = [m for m in mutants if m.status in ("survived", "no tests")]
+        if not survivors:
+            lines.append("None.")
+        for m in survivors:
+            lines.append(f"- `{m.name.split('.')[-1]}` ({m.status}): `{m.removed}` → `{m.added}`")
+        lines += ["", "### Equivalent", ""]
+        equivalent = [m for m in mutants if m.status == "equivalent"]
+        if not equivalent:
+            lines.append("None.")
+        for m in equivalent:
+            lines.append(f"- `{m.name.split('.')[-1]}`: `{m.removed}` → `{m.added}`: {m.reason}")
+        lines += ["", "### Not mutated", "",
+                  "mutmut 3 does not mutate decorated functions (their decorators run at import) "
+                  "nor module-level constants:", ""]
+        for module in group.modules:
+            lines += [f"- {f}" for f in undecorated(module, tree)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _row(label: str, counts: Counter) -> str:
+    total, share = score(counts)
+    cells = [str(sum(counts.values()))] + [str(counts[c]) for c in COLUMNS]
+    return f"| {label} | " + " | ".join(cells) + f" | {100 * share:.1f}% |"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", type=Path, default=Path("docs/mutation.md"))
+    p.add_argument("--groups", nargs="+", choices=sorted(GROUPS), default=sorted(GROUPS))
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/spacy-fsemicrf-mutation"),
+                   help="where the copies of the tree go (outside the working tree)")
+    p.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--source", choices=["head", "worktree"], default="head",
+                   help="mutate the committed tree (default) or the working tree as it is")
+    p.add_argument("--report-only", action="store_true", help="report the runs in --workdir again")
+    p.add_argument("--nice", type=int, default=15, help="niceness of the run (shared machines)")
+    args = p.parse_args(argv)
+    workdir = args.workdir.resolve()
+    if ROOT in workdir.parents or workdir == ROOT:
+        sys.exit("--workdir must be outside the repository")
+    os.nice(args.nice)
+    results = {}
+    for name in args.groups:
+        tree = workdir / name if args.report_only else run_group(
+            name, GROUPS[name], workdir, args.max_children, args.source)
+        results[name] = (tree, collect(tree))
+    args.output.write_text(report(results))
+    for name, (_, mutants) in results.items():
+        total, share = score(Counter(m.status for m in mutants))
+        print(f"{name}: {total} non-equivalent mutants, {100 * share:.1f}% detected")
+
+
+if __name__ == "__main__":
+    main()
