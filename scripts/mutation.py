@@ -111,9 +111,9 @@ def export_tree(dest: Path, source: str) -> None:
         ).stdout
         with tarfile.open(fileobj=BytesIO(archive)) as tar:
             try:
-            tar.extractall(dest, filter="data")
-        except TypeError:  # Python without extraction filters (before 3.10.12 / 3.11.4)
-            tar.extractall(dest)
+                tar.extractall(dest, filter="data")
+            except TypeError:  # Python without extraction filters (before 3.10.12 / 3.11.4)
+                tar.extractall(dest)
         return
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
