@@ -130,7 +130,10 @@ def mutmut_config(group: Group) -> str:
     args = ["-p", "mutation_profile", "-p", "no:cacheprovider"]
     if group.deselect:
         args += ["-k", " and ".join(f"not {name}" for name in group.deselect)]
-    lines = ["[mutmut]", "source_paths = spacy_fsemicrf", "also_copy = mutation_profile.py"]
+    # what the tests read besides the package and tests/ (mutmut runs them in mutants/)
+    also_copy = ["mutation_profile.py", "configs", "scripts", "benchmarks"]
+    lines = ["[mutmut]", "source_paths = spacy_fsemicrf", "also_copy ="]
+    lines += [f"    {path}" for path in also_copy]
     lines += ["only_mutate ="] + [f"    {m}" for m in group.modules]
     lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in group.tests]
     lines += ["pytest_add_cli_args ="] + [f"    {a}" for a in args]
