@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 import dask
-import distributed
 import spacy
 import srsly
 import torch
 from spacy.tokens import DocBin
 
 from spacy_fsemicrf.annotate import read_entities
-from spacy_fsemicrf.annotate.engine import annotate, load_pipeline
+from spacy_fsemicrf.annotate.engine import annotate, connect, load_pipeline
 
 
 def parse_args() -> argparse.Namespace:
@@ -72,9 +71,7 @@ class Dask:
         self.scratch, self.args = scratch, args
         self.runs = 0
         start = time.perf_counter()
-        self.cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                                dashboard_address=None)
-        self.client = distributed.Client(self.cluster)
+        self.client, self.cluster = connect(None, n)  # as annotate makes its LocalCluster
         self.client.run(load_pipeline, model)
         self.startup_s = time.perf_counter() - start
 

@@ -16,12 +16,12 @@ import pytest
 import spacy
 from spacy.tokens import DocBin
 
-distributed = pytest.importorskip("distributed")
+pytest.importorskip("distributed")
 
 from spacy_fsemicrf.annotate import (  # noqa: E402
     AnnotateError, annotate, read_entities, read_output)
 from spacy_fsemicrf.annotate.cli import main as cli_main  # noqa: E402
-from spacy_fsemicrf.annotate.engine import load_counts  # noqa: E402
+from spacy_fsemicrf.annotate.engine import connect, load_counts  # noqa: E402
 from spacy_fsemicrf.annotate.inputs import plan_shards, read_shard  # noqa: E402
 from spacy_fsemicrf.annotate.shards import entity_records, shard_paths, write_shard  # noqa: E402
 
@@ -96,10 +96,10 @@ def expected(model_dir, corpus):
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None)
-    with distributed.Client(cluster) as c:
-        yield c
+    """The LocalCluster of two worker processes that ``annotate`` makes without a scheduler."""
+    c, cluster = connect(None, 2)
+    yield c
+    c.close()
     cluster.close()
 
 
@@ -128,6 +128,10 @@ def test_two_workers_annotate_like_nlp_pipe(client, model_dir, corpus, expected,
     assert sorted(r["index"] for r in done) == list(range(12))
     # The pipeline was loaded once in each worker, not once per task.
     assert list(client.run(load_counts).values()) == [{str(model_dir): 1}] * 2
+    # One PyTorch thread per worker; no eager malloc trimming (it slows prediction down).
+    names = ("OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")
+    env = client.run(lambda: [os.environ.get(name) for name in names])
+    assert list(env.values()) == [["1", None]] * 2
 
 
 def test_a_killed_worker_loses_no_document(client, model_dir, corpus, expected, tmp_path):
