@@ -138,7 +138,8 @@ def mutmut_config(group: Group) -> str:
     lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in group.tests]
     lines += ["pytest_add_cli_args ="] + [f"    {a}" for a in args]
     # torch does not survive a fork of a process that has run it: fork from a clean server
-    lines += ["process_isolation = forkserver", "timeout_multiplier = 5.0", ""]
+    # CPU seconds per mutant: 6 x (the selected tests' call time + 10 s of set-up)
+    lines += ["process_isolation = forkserver", "timeout_multiplier = 3.0", "timeout_constant = 10.0", ""]
     return "\n".join(lines)
 
 
