@@ -399,6 +399,7 @@ def test_small_clusters_list_the_maximal_sets_of_each_cluster(clusters):
         found = [sorted(numpy.flatnonzero(small.subsets[s] & small.present[r]).tolist())
                  for s in numpy.flatnonzero(small.maximal[r])]
         assert sorted(found) == sorted(maximal_nonoverlapping_sets(nodes))
+        assert small.maximal.dtype == bool  # a mask over the subsets
         first = count[:r].sum()
         assert small.slot_node[r][small.present[r]].tolist() == list(range(first, first + len(nodes)))
 
@@ -492,3 +493,7 @@ def test_inference_node_set_lists_the_filtered_nodes(label_major):
     some = torch.arange(len(rows)) % 2 == 0
     assert nodes.spans(some).tolist() == rows[some].tolist()
     assert nodes.counts().tolist() == mask.sum((1, 2)).tolist()
+    assert nodes.grid().dtype == torch.bool and nodes.grid(nodes.labels).dtype == torch.long
+    # a last document without nodes still has its count
+    assert inference_node_set(local, glob, torch.tensor([7, 0, 0])).counts().tolist() == [
+        int(mask[0].sum()), 0, 0]

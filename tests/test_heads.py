@@ -79,6 +79,7 @@ def test_head_handles_empty_and_single_token_documents(name, context_depth):
     assert not (spans[:, 0] == 0).any()  # nothing in the empty document
     empty_spans, empty_conf = head(torch.zeros(2, 0, D), torch.tensor([0, 0]))
     assert empty_spans.shape == (0, 4) and empty_conf.shape == (0,)
+    assert empty_spans.dtype == torch.long and empty_conf.dtype == torch.float32
 
 
 # span scorer settings whose features read beyond a span: neighbours, the document, its words
@@ -310,8 +311,9 @@ def test_the_structured_layer_works_without_spacy():
 def test_boundary_smoothing_is_the_soft_target_cross_entropy(seed):
     """The smoothed local loss equals the cross-entropy against explicit soft targets: each gold
     span keeps 1 - eps of its label (eps to null), and the candidates at boundary distance
-    exactly 1 from it (one end moved by one token) share eps of that label."""
-    eps, beta = 0.3, 0.75
+    exactly 1 from it (one end moved by one token) share eps of that label. The widest gold
+    spans are as wide as max_width: their neighbours one token wider are no candidates."""
+    eps, beta, K = 0.3, 0.75, 3
     torch.manual_seed(seed)
     plain = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=16, null_weight=beta).eval()
     smooth = FilteredSemiCRFHead(

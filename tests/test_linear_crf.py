@@ -358,6 +358,29 @@ def test_no_nan_for_empty_single_token_and_zero_length_batches(dtype, scheme):
             assert m[1, 0].sum().item() == pytest.approx(1.0, abs=1e-5)  # single token
 
 
+def test_transitions_take_the_emissions_dtype():
+    """float32 emissions with float64 transitions (say a model's weights against a float64
+    matrix) compute in float32: every result has the emissions' dtype and the same values."""
+    ts = tag_scheme(2, "BIO")
+    gen = torch.Generator().manual_seed(0)
+    em = torch.randn((2, 5, ts.n_tags), generator=gen)
+    T = torch.randn((ts.n_tags + 1, ts.n_tags + 1), generator=gen, dtype=torch.float64)
+    lengths = torch.tensor([5, 3])
+    tags = torch.randint(0, ts.n_tags, (2, 5), generator=gen)
+    outputs = {
+        "log_z": (crf_log_partition(em, T, lengths, ts.allowed),
+                  crf_log_partition(em, T.float(), lengths, ts.allowed)),
+        "score": (crf_score(em, T, tags, lengths), crf_score(em, T.float(), tags, lengths)),
+        "viterbi": (crf_viterbi(em, T, lengths)[1], crf_viterbi(em, T.float(), lengths)[1]),
+        "marginals": (crf_marginals(em, T, lengths), crf_marginals(em, T.float(), lengths)),
+        "best_prob": (crf_best_sequence_prob(em, T, lengths),
+                      crf_best_sequence_prob(em, T.float(), lengths)),
+    }
+    for name, (mixed, single) in outputs.items():
+        assert mixed.dtype == torch.float32, name
+        assert torch.allclose(mixed, single, atol=1e-5), name
+
+
 @pytest.mark.parametrize("scheme", ["BIO", "BILUO"])
 def test_long_document_span_marginals_in_float32(scheme):
     # A 400-token document with a 200-token entity: float32 span marginals (prefix sums over
