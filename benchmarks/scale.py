@@ -143,6 +143,7 @@ def main() -> None:
         cold = {n: cold_dask(n, model, corpus, scratch / f"cold{n}", args) for n in (1, 2)}
 
     base = statistics.median(seconds["nlp.pipe"])
+    one_thread_s = statistics.median(seconds["nlp.pipe, 1 thread"])
     rows = []
     for name, values in seconds.items():
         median = statistics.median(values)
@@ -153,6 +154,7 @@ def main() -> None:
             "docs_per_s": round(len(texts) / median, 1),
             "words_per_s": round(n_words / median),
             "speedup": round(base / median, 2),
+            "speedup_vs_one_thread": round(one_thread_s / median, 2),
             "same_entities_as_nlp_pipe": same[name],
             "warm_start_s": round(startup[name], 1) if name in startup else None,
         })
@@ -194,23 +196,35 @@ def markdown(result: Dict) -> str:
         f"{mach['load_average_before']} before and {mach['load_average_after']} after (1, 5, "
         f"15 min).",
         "",
-        "| way | median s | docs/s | words/s | speedup | same entities | warm start s |",
-        "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| way | runs (s) | median s | docs/s | words/s | speedup | vs 1 thread | same entities "
+        "| warm start s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for r in result["rows"]:
         start = "" if r["warm_start_s"] is None else r["warm_start_s"]
-        lines.append(f"| {r['way']} | {r['median_s']} | {r['docs_per_s']} | {r['words_per_s']} | "
-                     f"{r['speedup']}x | {'yes' if r['same_entities_as_nlp_pipe'] else 'NO'} | "
-                     f"{start} |")
+        runs = ", ".join(f"{s:.2f}" for s in r["seconds"])
+        lines.append(f"| {r['way']} | {runs} | {r['median_s']} | {r['docs_per_s']} | "
+                     f"{r['words_per_s']} | {r['speedup']}x | {r['speedup_vs_one_thread']}x | "
+                     f"{'yes' if r['same_entities_as_nlp_pipe'] else 'NO'} | {start} |")
     cold = result["cold_dask_s"]
     lines += [
         "",
-        "Speedup: against `nlp.pipe` in one process. Warm start: starting the LocalCluster and "
+        "Speedup: against `nlp.pipe` in one process with PyTorch's default threads; vs 1 thread: "
+        "against the same with one thread. Warm start: starting the LocalCluster and "
         "loading the pipeline on its workers, before the timed runs. A cold `annotate` (the "
         f"command as a user runs it: cluster start, pipeline load, annotation) took "
         f"{cold['1']} s with 1 worker and {cold['2']} s with 2.",
         "",
     ]
+    if max(mach["load_average_before"][:2]) > mach["cpus"] - 0.5:
+        lines += [
+            "Other work was running on the machine (load average near or above its "
+            f"{mach['cpus']} CPUs): every figure includes that contention. The multi-threaded "
+            "single process suffers most (its OpenMP threads wait for each other), and no way "
+            "gets more than its share of the CPUs, so the speedups of the parallel ways are "
+            "not what an idle machine gives.",
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from .inputs import AnnotateError
+from .inputs import DEFAULT_SHARD_SIZE, AnnotateError
 
 DESCRIPTION = """Annotate INPUT (a .spacy file, a .jsonl file with a "text" field and an
 optional "id" per line, or a directory of them) with the spaCy pipeline MODEL (a directory or
@@ -26,8 +26,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                         help="address of a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="nlp.pipe batch size (default: the pipeline's)")
-    parser.add_argument("--shard-size", type=int, default=1000,
-                        help="documents per shard, the unit of work and of output (default 1000)")
+    parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE,
+                        help="documents per shard, the unit of work and of output "
+                        f"(default {DEFAULT_SHARD_SIZE})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 

@@ -22,7 +22,7 @@ import spacy
 from spacy.language import Language
 from tqdm import tqdm
 
-from .inputs import AnnotateError, Shard, plan_shards, read_shard
+from .inputs import DEFAULT_SHARD_SIZE, AnnotateError, Shard, plan_shards, read_shard
 from .shards import (entity_records, finished_shards, merge_entities, prepare_output,
                      remove_temporary, score_keys, write_shard)
 
@@ -32,7 +32,6 @@ try:
 except ImportError:  # pragma: no cover - the annotate extra is not installed
     Client = LocalCluster = as_completed = None
 
-DEFAULT_SHARD_SIZE = 1000
 # The nanny's default environment for its workers, less MALLOC_TRIM_THRESHOLD_=65536: with it,
 # glibc returns memory to the system so eagerly that PyTorch's prediction is about 1.5x slower.
 # (OMP_NUM_THREADS=1 and the like stay: one worker process per core.)

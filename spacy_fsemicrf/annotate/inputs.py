@@ -19,6 +19,7 @@ from spacy.tokens import Doc, DocBin
 from spacy.vocab import Vocab
 
 SUFFIXES = (".jsonl", ".spacy")
+DEFAULT_SHARD_SIZE = 1000
 
 
 class AnnotateError(Exception):
