@@ -3,8 +3,9 @@
     python benchmarks/conll_table.py            # benchmarks/results/conll.{json,md}
 
 CoNLL-2003 English test F1 (and dev F1) of each pipeline as mean ± standard error over its
-training seeds, read from the per-run records of the multi-seed sweeps in research/results/
-sweeps/ (model-best by dev F1, test F1 from ``spacy evaluate``); the filtered head's paired
+training seeds, read from benchmarks/results/conll_runs.json (one record per training run:
+model-best by dev F1, test F1 from ``spacy evaluate``; exported from the research project's
+multi-seed sweeps by research/scripts/export_conll_runs.py); the filtered head's paired
 differences to every other pipeline on the same encoder, seed by seed; and inference words/s
 relative to spaCy's ``ner`` on the same encoder, from the side-by-side speed tables
 (benchmarks/results/speed_cnn.json, speed_trf.json; one thread, the same test documents). The
@@ -19,47 +20,21 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-SWEEPS = ROOT / "research" / "results" / "sweeps"
 RESULTS = ROOT / "benchmarks" / "results"
+RUNS = RESULTS / "conll_runs.json"
+"""The per-seed scores of the compared pipelines (exported from the research project's sweep
+results by ``research/scripts/export_conll_runs.py``)."""
 
-# The sweep results holding the runs below (a run named in several files is read once).
-RUN_FILES = ["boundary_smoothing_s22.json", "boundary_smoothing_s22_seeds67.json",
-             "baselines_word_pool.json", "baselines_word_pool_seeds67.json",
-             "same_machine_s18.json", "one_machine_table_s18.json", "trf_heads.json"]
-
-# (encoder, pipeline, sweep group, how the group was trained)
-ROWS = [
-    ("CNN", "fsemicrf", "fsemicrf-bs0.2-s22", "configs/fsemicrf_cnn.cfg"),
-    ("CNN", "semicrf", "semicrf-wordpool", "configs/semicrf_cnn.cfg"),
-    ("CNN", "crf", "crf-wordpool", "configs/crf_cnn.cfg"),
-    ("CNN", "ner", "ner-avg-4k-s18", "configs/baselines/ner_cnn.cfg, use_averages = true"),
-    ("CNN", "spancat", "spancat-avg-4k-s18", "configs/baselines/spancat_cnn.cfg, use_averages = true"),
-    ("MiniLM", "fsemicrf", "fsemicrf-trf",
-     "configs/fsemicrf_trf.cfg without boundary_smoothing, 500 steps"),
-    ("MiniLM", "semicrf", "semicrf-trf", "configs/semicrf_trf.cfg, 500 steps"),
-    ("MiniLM", "crf", "crf-trf", "configs/crf_trf.cfg, 500 steps"),
-    ("MiniLM", "ner", "ner-trf", "configs/baselines/ner_trf.cfg, 500 steps"),
-]
+# the table's rows, in order
+ROWS = [("CNN", "fsemicrf"), ("CNN", "semicrf"), ("CNN", "crf"), ("CNN", "ner"), ("CNN", "spancat"),
+        ("MiniLM", "fsemicrf"), ("MiniLM", "semicrf"), ("MiniLM", "crf"), ("MiniLM", "ner")]
 SPEED_FILES = {"CNN": ("speed_cnn.json", ""), "MiniLM": ("speed_trf.json", "-trf")}
 
 
-def load_runs(paths: List[Path]) -> Dict[str, Dict[str, Any]]:
-    """Every run of the results files by name, the first record of a name kept."""
-    runs: Dict[str, Dict[str, Any]] = {}
-    for path in paths:
-        for run in json.loads(path.read_text())["runs"]:
-            runs.setdefault(run["name"], run)
-    return runs
-
-
-def f1_by_seed(runs: Dict[str, Dict[str, Any]], group: str, split: str) -> Dict[str, float]:
-    """``{seed: F1 points}`` of the group's finished runs."""
-    out = {}
-    for name, run in runs.items():
-        base, _, seed = name.partition("@")
-        if base == group and run.get(split, {}).get("ents_f") is not None:
-            out[seed] = 100 * run[split]["ents_f"]
-    return out
+def f1_by_seed(runs: List[Dict[str, Any]], encoder: str, pipeline: str, split: str) -> Dict[str, float]:
+    """``{seed: F1 points}`` of one pipeline's runs."""
+    return {r["seed"]: r[f"{split}_f1"] for r in runs
+            if r["encoder"] == encoder and r["pipeline"] == pipeline and r[f"{split}_f1"] is not None}
 
 
 def mean_se(values: List[float]) -> Dict[str, Optional[float]]:
@@ -81,29 +56,30 @@ def relative_speed(encoder: str, pipeline: str) -> Optional[Dict[str, Any]]:
             "cpu": data["machine"].get("cpu"), "threads": data["machine"]["threads"]}
 
 
-def build(runs: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+def build(data: Dict[str, Any]) -> Dict[str, Any]:
+    runs = data["runs"]
     rows, paired = [], []
-    for encoder, pipeline, group, trained in ROWS:
-        test, dev = f1_by_seed(runs, group, "test"), f1_by_seed(runs, group, "dev")
+    for encoder, pipeline in ROWS:
+        test, dev = (f1_by_seed(runs, encoder, pipeline, split) for split in ("test", "dev"))
         if not test:
             continue
-        rows.append({"encoder": encoder, "pipeline": pipeline, "group": group, "trained": trained,
+        trained = next(r["trained"] for r in runs if r["encoder"] == encoder and r["pipeline"] == pipeline)
+        rows.append({"encoder": encoder, "pipeline": pipeline, "trained": trained,
                      "seeds": sorted(test), "test_f1": mean_se(list(test.values())),
                      "dev_f1": mean_se(list(dev.values())) if dev else None,
                      "speed": relative_speed(encoder, pipeline)})
     for row in rows:
-        filtered = next(r for r in rows if r["encoder"] == row["encoder"] and r["pipeline"] == "fsemicrf")
-        if row is filtered:
+        if row["pipeline"] == "fsemicrf":
             continue
         pair: Dict[str, Any] = {"encoder": row["encoder"], "minus": row["pipeline"]}
         for split in ("test", "dev"):
-            a = f1_by_seed(runs, filtered["group"], split)
-            b = f1_by_seed(runs, row["group"], split)
+            a = f1_by_seed(runs, row["encoder"], "fsemicrf", split)
+            b = f1_by_seed(runs, row["encoder"], row["pipeline"], split)
             seeds = sorted(set(a) & set(b))
             pair[f"{split}_seeds"] = seeds
             pair[split] = mean_se([a[s] - b[s] for s in seeds]) if seeds else None
         paired.append(pair)
-    return {"sources": [f"research/results/sweeps/{name}" for name in RUN_FILES]
+    return {"sources": ["benchmarks/results/conll_runs.json"]
             + [f"benchmarks/results/{name}" for name, _ in SPEED_FILES.values()],
             "rows": rows, "paired": paired}
 
@@ -120,7 +96,8 @@ def markdown(table: Dict[str, Any]) -> str:
              "F1 in points, mean ± standard error over training seeds (sd / sqrt(n)); words/s "
              "relative to spaCy's `ner` on the same encoder, side by side in one run (seed-0 "
              "models, one thread). Computed by `python benchmarks/conll_table.py` from "
-             + ", ".join(f"`{s}`" for s in table["sources"]) + ".", "",
+             + ", ".join(f"`{s}`" for s in table["sources"]) + " (the runs exported from the "
+             "research project by `research/scripts/export_conll_runs.py`).", "",
              "| encoder | pipeline | seeds | test F1 | dev F1 | words/s vs `ner` | trained with |",
              "|---|---|---:|---:|---:|---:|---|"]
     for r in table["rows"]:
@@ -145,7 +122,7 @@ def main(argv=None) -> None:
     p.add_argument("--output", type=Path, default=RESULTS / "conll",
                    help="path stem for .json and .md")
     args = p.parse_args(argv)
-    table = build(load_runs([SWEEPS / name for name in RUN_FILES]))
+    table = build(json.loads(RUNS.read_text()))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.with_suffix(".json").write_text(json.dumps(table, indent=1) + "\n")
     text = markdown(table)
