@@ -27,7 +27,6 @@ import ast
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -164,6 +163,7 @@ def run_group(
     group = Group(group.modules, [t for t in group.tests if t not in missing], group.deselect)
     with open(tree / "setup.cfg", "a") as cfg:
         cfg.write("\n" + mutmut_config(group))
+    (tree / "mutation_group.json").write_text(json.dumps({**group.__dict__, "workers": max_children}))
     (tree / "mutation_profile.py").write_text(HYPOTHESIS_PROFILE)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -187,10 +187,8 @@ def run_group(
 
 
 def _finish(tree: Path, start: float) -> Path:
-    """Record the run's wall time and the CPU time of mutmut and all its workers."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    (tree / "mutmut.seconds").write_text(
-        f"{time.time() - start:.0f} {usage.ru_utime + usage.ru_stime:.0f}\n")
+    """Record the run's wall time."""
+    (tree / "mutmut.seconds").write_text(f"{time.time() - start:.0f}\n")
     return tree
 
 
@@ -285,7 +283,8 @@ def undecorated(module_glob: str, tree: Path) -> List[str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.decorator_list:
                 names = [ast.unparse(d) for d in node.decorator_list]
                 if names not in (["staticmethod"], ["classmethod"]):
-                    out.append(f"`{path.relative_to(tree)}:{node.name}` (@{', @'.join(names)})")
+                    short = ", ".join("@" + n.split("(")[0] for n in names)
+                    out.append(f"`{path.relative_to(tree)}:{node.name}` ({short})")
     return out
 
 
@@ -319,13 +318,16 @@ def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
         "",
     ]
     for name, (tree, mutants) in results.items():
-        group = GROUPS[name]
-        wall, cpu = (int(x) for x in (tree / "mutmut.seconds").read_text().split())
+        saved = json.loads((tree / "mutation_group.json").read_text())  # what the run used
+        workers = saved.pop("workers")
+        group = Group(**saved)
+        wall = int((tree / "mutmut.seconds").read_text().split()[0])
         stopped = (tree / "mutmut.stopped").exists()
         lines += [f"## {name}", "",
+                  f"Mutated: {', '.join('`' + m + '`' for m in group.modules)}. "
                   f"Tests: {', '.join('`' + t + '`' for t in group.tests)}"
                   + (f" (deselected: {', '.join(group.deselect)})" if group.deselect else "")
-                  + f". Run time: {wall // 60} min, {cpu // 60} min of CPU"
+                  + f". Run time: {wall // 60} min with {workers} workers"
                   + (" (stopped at the time limit: the mutants not run are not in the score)."
                      if stopped else "."), ""]
         lines += ["| module | mutants | " + " | ".join(COLUMNS) + " | score |",
