@@ -76,7 +76,7 @@ GROUPS: Dict[str, Group] = {
         modules=["spacy_fsemicrf/component.py"],
         tests=[
             "tests/test_component.py",
-            "tests/test_component_reporting.py",
+            "tests/test_component_units.py",
             "tests/test_architectures.py",
             "tests/test_calibration.py",
             "tests/test_component_constraints.py",
