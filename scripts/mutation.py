@@ -26,6 +26,7 @@ import argparse
 import ast
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -148,12 +149,35 @@ def mutmut_config(group: Group) -> str:
     return "\n".join(lines)
 
 
+GENERATE = """
+import os
+from mutmut.__main__ import create_mutants
+from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir, setup_source_paths
+os.makedirs("mutants", exist_ok=True)
+copy_src_dir(); copy_also_copy_files(); setup_source_paths(); create_mutants(1)
+"""
+
+
+def sample_mutants(tree: Path, env: Dict[str, str], fraction: float, seed: int = 0) -> List[str]:
+    """Generate the mutants (without running them) and draw ``fraction`` of each module's,
+    the same draw for the same code."""
+    subprocess.run([sys.executable, "-c", GENERATE], cwd=tree, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    names = []
+    for meta in sorted((tree / "mutants").rglob("*.py.meta")):
+        keys = sorted(json.loads(meta.read_text())["exit_code_by_key"])
+        rng = random.Random(f"{seed}:{meta.name}")
+        names += rng.sample(keys, round(fraction * len(keys))) if keys else []
+    return names
+
+
 def run_group(
     name: str, group: Group, workdir: Path, max_children: int, source: str,
-    minutes: Optional[float] = None,
+    minutes: Optional[float] = None, sample: Optional[float] = None,
 ) -> Path:
-    """Copy the tree, configure mutmut and run it (stopped after ``minutes``, the mutants not
-    reached by then reported as not run); returns the copy's directory."""
+    """Copy the tree, configure mutmut and run it (on a random ``sample`` of each module's
+    mutants, the same for the same code; stopped after ``minutes``, the mutants not reached by
+    then reported as not run); returns the copy's directory."""
     tree = workdir / name
     if tree.exists():
         shutil.rmtree(tree)
@@ -163,14 +187,16 @@ def run_group(
     group = Group(group.modules, [t for t in group.tests if t not in missing], group.deselect)
     with open(tree / "setup.cfg", "a") as cfg:
         cfg.write("\n" + mutmut_config(group))
-    (tree / "mutation_group.json").write_text(json.dumps({**group.__dict__, "workers": max_children}))
     (tree / "mutation_profile.py").write_text(HYPOTHESIS_PROFILE)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     start = time.time()
+    names = [] if sample is None else sample_mutants(tree, env, sample)
+    (tree / "mutation_group.json").write_text(
+        json.dumps({**group.__dict__, "workers": max_children, "sample": sample}))
     with open(tree / "mutmut.log", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+            [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names],
             cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
@@ -319,7 +345,7 @@ def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
     ]
     for name, (tree, mutants) in results.items():
         saved = json.loads((tree / "mutation_group.json").read_text())  # what the run used
-        workers = saved.pop("workers")
+        workers, sample = saved.pop("workers"), saved.pop("sample", None)
         group = Group(**saved)
         wall = int((tree / "mutmut.seconds").read_text().split()[0])
         stopped = (tree / "mutmut.stopped").exists()
@@ -329,7 +355,10 @@ def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
                   + (f" (deselected: {', '.join(group.deselect)})" if group.deselect else "")
                   + f". Run time: {wall // 60} min with {workers} workers"
                   + (" (stopped at the time limit: the mutants not run are not in the score)."
-                     if stopped else "."), ""]
+                     if stopped else ".")
+                  + (f" A random {100 * sample:.0f}% of each module's mutants was run (the "
+                     "others are *not run*); the score estimates the whole module's."
+                     if sample else ""), ""]
         lines += ["| module | mutants | " + " | ".join(COLUMNS) + " | score |",
                   "|---" * (len(COLUMNS) + 3) + "|"]
         by_module: Dict[str, Counter] = {}
@@ -381,6 +410,8 @@ def main(argv=None) -> None:
     p.add_argument("--nice", type=int, default=15, help="niceness of the run (shared machines)")
     p.add_argument("--minutes", type=float, default=None,
                    help="stop each group after this long and report what ran")
+    p.add_argument("--sample", type=float, default=None,
+                   help="run this fraction of each module's mutants (a fixed random draw)")
     p.add_argument("--modules", nargs="+", default=None,
                    help="mutate only these modules (globs), e.g. spacy_fsemicrf/structured/filtered.py")
     args = p.parse_args(argv)
@@ -396,7 +427,7 @@ def main(argv=None) -> None:
                           group.tests, group.deselect)
             GROUPS[name] = group
         tree = workdir / name if args.report_only else run_group(
-            name, group, workdir, args.max_children, args.source, args.minutes)
+            name, group, workdir, args.max_children, args.source, args.minutes, args.sample)
         results[name] = (tree, collect(tree))
     args.output.write_text(report(results))
     for name, (_, mutants) in results.items():
