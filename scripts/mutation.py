@@ -193,7 +193,8 @@ def run_group(
     start = time.time()
     names = [] if sample is None else sample_mutants(tree, env, sample)
     (tree / "mutation_group.json").write_text(
-        json.dumps({**group.__dict__, "workers": max_children, "sample": sample}))
+        json.dumps({**group.__dict__, "workers": max_children, "sample": sample,
+                    "command": " ".join(["python", "scripts/mutation.py", *sys.argv[1:]])}))
     with open(tree / "mutmut.log", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names],
@@ -206,6 +207,9 @@ def run_group(
             proc.wait()
             (tree / "mutmut.stopped").write_text(f"stopped after {minutes} min\n")
             return _finish(tree, start)
+        except BaseException:  # Ctrl-C or a kill of this script: take mutmut's group down too
+            os.killpg(proc.pid, signal.SIGTERM)
+            raise
     _finish(tree, start)
     if proc.returncode != 0:
         sys.exit(f"mutmut failed for {name} (exit {proc.returncode}); see {tree / 'mutmut.log'}")
@@ -346,6 +350,7 @@ def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
     for name, (tree, mutants) in results.items():
         saved = json.loads((tree / "mutation_group.json").read_text())  # what the run used
         workers, sample = saved.pop("workers"), saved.pop("sample", None)
+        command = saved.pop("command", None)
         group = Group(**saved)
         wall = int((tree / "mutmut.seconds").read_text().split()[0])
         stopped = (tree / "mutmut.stopped").exists()
@@ -358,7 +363,8 @@ def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
                      if stopped else ".")
                   + (f" A random {100 * sample:.0f}% of each module's mutants was run (the "
                      "others are *not run*); the score estimates the whole module's."
-                     if sample else ""), ""]
+                     if sample else "")
+                  + (f" Command: `{command}`." if command else ""), ""]
         lines += ["| module | mutants | " + " | ".join(COLUMNS) + " | score |",
                   "|---" * (len(COLUMNS) + 3) + "|"]
         by_module: Dict[str, Counter] = {}
@@ -419,6 +425,7 @@ def main(argv=None) -> None:
     if ROOT in workdir.parents or workdir == ROOT:
         sys.exit("--workdir must be outside the repository")
     os.nice(args.nice)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops mutmut too
     results = {}
     for name in args.groups:
         group = GROUPS[name]
