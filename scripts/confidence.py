@@ -63,8 +63,8 @@ def scored_spans(nlp, doc: Doc) -> Tuple[List[Tuple[int, int, str]], numpy.ndarr
         else:
             continue
         group = doc.spans[key] if key in doc.spans else []
-        scores = group.attrs["scores"] if len(group) else numpy.zeros((0,))
-        return [(s.start, s.end, s.label_) for s in group], numpy.asarray(scores, dtype="float64")
+        scores = numpy.asarray(group.attrs["scores"] if len(group) else [], dtype="float64")
+        return [(s.start, s.end, s.label_) for s in group], scores.reshape(-1)  # spancat: [n, 1]
     raise ValueError("the pipeline has no fsemicrf_ner or spancat component")
 
 
@@ -160,15 +160,27 @@ def cross_fitted(raw: numpy.ndarray, correct: numpy.ndarray, doc_ids: numpy.ndar
 # ----------------------------------------------------------------------------- runs
 
 
+def training_of(path: Path) -> Optional[Dict]:
+    """Steps run and best step from the train_summary.json next to the model directory
+    (written by scripts/train.py), if there is one."""
+    summary_path = Path(path).parent / "train_summary.json"
+    if not summary_path.exists():
+        return None
+    info = json.loads(summary_path.read_text())
+    return {k: info.get(k) for k in ("steps_run", "best_step", "config")}
+
+
 def evaluate(name: str, path: Path, splits: Dict[str, List[Doc]], spancat_threshold: Optional[float]):
     nlp = spacy.load(path)
+    training = training_of(path) or {}
+    training["config_max_steps"] = nlp.config["training"].get("max_steps")
     factories = {nlp.get_pipe_meta(n).factory: n for n in nlp.pipe_names}
     results = {}
     if "fsemicrf_ner" in factories:
         ner = nlp.get_pipe(factories["fsemicrf_ner"])
         calibration = ner.calibration
         entry = {"kind": "fsemicrf_ner", "path": str(path), "calibration": calibration,
-                 "head": ner.model.attrs.get("arch")}
+                 "head": ner.model.attrs.get("arch"), "training": training}
         for split, docs in splits.items():
             ner.calibration = calibration
             scores, correct, doc_ids, n_gold = outcomes(nlp, docs)
@@ -184,12 +196,14 @@ def evaluate(name: str, path: Path, splits: Dict[str, List[Doc]], spancat_thresh
     elif any(f.startswith("spancat") for f in factories):
         comp = next(n for f, n in factories.items() if f.startswith("spancat"))
         thresholds = [None] + ([spancat_threshold] if spancat_threshold is not None else [])
+        own = nlp.get_pipe(comp).cfg["threshold"]
         for t in thresholds:
-            run = nlp if t is None else spacy.load(path, config={"components": {comp: {"threshold": t}}})
-            own = run.get_pipe(comp).cfg.get("threshold")
-            entry = {"kind": "spancat", "path": str(path), "threshold": own}
+            # spancat keeps its threshold in cfg, which loading restores over a config override
+            nlp.get_pipe(comp).cfg["threshold"] = own if t is None else t
+            entry = {"kind": "spancat", "path": str(path), "threshold": own if t is None else t,
+                     "training": training}
             for split, docs in splits.items():
-                scores, correct, _, n_gold = outcomes(run, docs)
+                scores, correct, _, n_gold = outcomes(nlp, docs)
                 entry[split] = summary(scores, correct, n_gold)
             results[name if t is None else f"{name} (threshold {t:g})"] = entry
     else:
@@ -203,7 +217,14 @@ def fmt(x, spec=".3f"):
 
 def write_markdown(res: Dict, path: Path) -> None:
     lines = ["# Entity confidences: calibration and precision-recall", "",
-             f"Command: `{res['command']}`", ""]
+             f"Command: `{res['command']}`", "",
+             "| pipeline | model | training steps run | best step | max_steps in its config |",
+             "|---|---|---:|---:|---:|"]
+    for name, r in res["pipelines"].items():
+        t = r.get("training") or {}
+        lines.append(f"| {name} | `{r['path']}` | {t.get('steps_run', '–')} | "
+                     f"{t.get('best_step', '–')} | {t.get('config_max_steps', '–')} |")
+    lines.append("")
     for split in ("test", "dev"):
         info = res["corpora"][split]
         lines += [f"## {split} (`{info['path']}`: {info['docs']} docs, {info['entities']} gold "
