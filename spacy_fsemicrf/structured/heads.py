@@ -284,7 +284,11 @@ class FilteredSemiCRFHead(nn.Module):
                                     for r in reports], dtype=torch.bool)
             outside.index_fill_(0, spans[node < 0, 0].cpu(), True)
         path = None
-        if options.path:
+        if options.path and reports is None and bool((marginals >= 1.0).all()):
+            # every node on every path: the graph has one path, of probability 1 (most
+            # documents of a trained model; no second solve of the graph)
+            path = marginals.new_ones((local.shape[0],))
+        elif options.path:
             path = path_probability(*filtered_path_scores(nodes, best, T), reports, outside)
         candidates = (nodes.spans(), conf) if options.candidates else None
         return Prediction(spans, scores, path, candidates, reports)
