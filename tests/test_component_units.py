@@ -66,3 +66,32 @@ def test_documents_without_tokens_predict_nothing_with_the_usual_types(initializ
     assert prediction.spans.shape == (0, 4) and prediction.spans.dtype == numpy.int64
     assert prediction.scores.shape == (0,) and prediction.scores.dtype == numpy.float32
     assert prediction.path.tolist() == [1.0, 1.0]
+
+
+def test_update_adds_its_loss_to_the_running_total(initialized):
+    """Each update adds its batch's loss to ``losses`` (spaCy's convention), without an
+    optimizer leaving the weights as they are."""
+    nlp, examples = initialized
+    ner = nlp.get_pipe("fsemicrf_ner")
+    losses = {}
+    first = ner.update(examples, drop=0.0, losses=losses)["fsemicrf_ner"]
+    total = ner.update(examples, drop=0.0, losses=losses)["fsemicrf_ner"]
+    assert total == pytest.approx(2 * first, rel=1e-5)
+
+
+def test_initialize_reports_the_entities_wider_than_max_width(caplog):
+    """An entity of max_width tokens is learnable; one token more is reported, with the count
+    of such entities and the max_width that would keep them all."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": model_config(max_width=2)})
+    data = [
+        ("Bank of America rose .", [(0, 15, "ORG")]),  # 3 tokens
+        ("John Smith left .", [(0, 10, "PER")]),  # 2 tokens: fits
+        ("The United Nations Security Council met .", [(4, 35, "ORG")]),  # 4 tokens
+    ]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: make_examples(nlp, data))
+    warnings = [r.getMessage() for r in caplog.records if "wider than" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "2 of 3 gold entities in the initialization examples are wider than" in warnings[0]
+    assert "max_width=2 tokens" in warnings[0] and "max_width=4 would keep them all" in warnings[0]
