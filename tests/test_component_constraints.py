@@ -115,5 +115,7 @@ def test_nbest_is_ranked_with_probabilities_and_starts_with_the_prediction(train
     assert [(s.start, s.end, s.label_) for s in best[0]] == [(e.start, e.end, e.label_) for e in doc.ents]
     assert len({tuple((s.start, s.end, s.label_) for s in g) for g in best}) == len(best)
     numpy.testing.assert_allclose(probs[0], doc.spans["fsemicrf"].attrs["path_probability"], rtol=1e-3)
-    with pytest.raises(ValueError):
-        ner.nbest(doc, 0)
+    assert len(ner.nbest(doc, 1)) == 1  # k = 1 is the prediction alone
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="positive integer"):
+            ner.nbest(doc, bad)
