@@ -52,7 +52,7 @@ def relative_speed(encoder: str, pipeline: str) -> Optional[Dict[str, Any]]:
     if own is None or ner is None:
         return None
     return {"relative_to_ner": own["wps"] / ner["wps"], "words_per_s": own["wps"],
-            "file": f"benchmarks/results/{name}", "model": data["pipelines"][pipeline + suffix]["path"],
+            "file": f"benchmarks/results/{name}",
             "cpu": data["machine"].get("cpu"), "threads": data["machine"]["threads"]}
 
 

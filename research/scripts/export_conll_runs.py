@@ -58,7 +58,8 @@ def export(runs: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def main() -> None:
     runs = load_runs([SWEEPS / name for name in RUN_FILES])
-    data = {"sources": [f"research/results/sweeps/{name}" for name in RUN_FILES],
+    # the sweep files' names are history; the record says only where the runs come from
+    data = {"source": "research/results/sweeps (research/scripts/export_conll_runs.py)",
             "runs": export(runs)}
     OUTPUT.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{len(data['runs'])} runs written to {OUTPUT.relative_to(ROOT)}")
