@@ -227,6 +227,11 @@ def to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
     return out if device.type == "cpu" else out.to(device)
 
 
+def to_host(x: Optional[torch.Tensor]) -> Optional[numpy.ndarray]:
+    """A tensor as a float64 NumPy array (None stays None), for the searches run on the host."""
+    return None if x is None else x.detach().double().cpu().numpy()
+
+
 def _host_clusters(node, doc, in_clique, cluster, cl_doc, small, device) -> HostClusters:
     """:class:`HostClusters` of the host nodes (their node positions ``node``, None for all
     nodes, ``doc``, whether each is in a clique and its cluster id, an index into ``cl_doc``;

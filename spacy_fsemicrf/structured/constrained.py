@@ -24,6 +24,7 @@ import numpy
 import torch
 
 from . import filtered, itemgraphs
+from .compaction import to_host
 from .constraints import DocConstraints, padded_sentence_index, satisfies, sentence_index
 from .lattice import lattice_search
 from .linear_crf import TagScheme, crf_viterbi, tags_to_spans
@@ -66,9 +67,6 @@ def _active(doc: Optional[DocConstraints]) -> bool:
     return doc is not None and not doc.program.empty
 
 
-def _host(x: Optional[torch.Tensor]) -> Optional[numpy.ndarray]:
-    return None if x is None else x.detach().double().cpu().numpy()
-
 
 def _doc_ranges(doc_column: numpy.ndarray, batch: int) -> numpy.ndarray:
     """``[B + 1]``: where each document's rows start in a list sorted by document."""
@@ -108,9 +106,9 @@ def filtered_constrained(
         T = None if transitions is None else transitions.detach().to(nodes.scores.dtype)
         best, _ = filtered.decode_node_set(nodes, T, marginals=False)
     rows = nodes.spans().cpu().numpy()
-    scores = _host(nodes.scores)
+    scores = to_host(nodes.scores)
     keep = best.cpu().numpy().copy()
-    T = _host(transitions)
+    T = to_host(transitions)
     ranges = _doc_ranges(rows[:, 0], B)
     doc_lengths = lengths.tolist()
     extra: List[Tuple[int, int, int, int]] = []
@@ -267,7 +265,7 @@ def semicrf_constrained(
     if viterbi is None:
         viterbi = semicrf_viterbi(scores, lengths, transitions)
     lengths_np = lengths.cpu().numpy()
-    host = _host(scores)
+    host = to_host(scores)
 
     def valid(b, program):
         return itemgraphs.semicrf_valid(int(lengths_np[b]), (L, K, C), program)
@@ -276,7 +274,7 @@ def semicrf_constrained(
         return [(s, s + w, c) for s, w, c in items if c > 0]
 
     spans, reports = _lattice_constrained(
-        host, lengths_np, _host(transitions), numpy.arange(C), constraints,
+        host, lengths_np, to_host(transitions), numpy.arange(C), constraints,
         _spans_by_doc(viterbi[0], B), viterbi[1].cpu().numpy(), valid, to_spans,
     )
     return ConstrainedDecode(_as_tensor(spans, scores.device), reports)
@@ -300,7 +298,7 @@ def crf_constrained(
     if viterbi is None:
         viterbi = crf_viterbi(emissions, transitions, lengths, allowed)
     lengths_np = lengths.cpu().numpy()
-    host = _host(emissions)[:, :, None, :]
+    host = to_host(emissions)[:, :, None, :]
     T = itemgraphs.crf_transitions(transitions, allowed)
 
     def valid(b, program):

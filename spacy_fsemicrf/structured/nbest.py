@@ -14,6 +14,7 @@ import numpy
 import torch
 
 from . import filtered, itemgraphs
+from .compaction import to_host
 from .constraints import padded_sentence_index, sentence_index
 from .lattice import lattice_search
 from .linear_crf import TagScheme, crf_log_partition
@@ -40,9 +41,6 @@ def _double(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if x is None else x.detach().double()
 
 
-def _host(x: Optional[torch.Tensor]) -> Optional[numpy.ndarray]:
-    return None if x is None else x.detach().double().cpu().numpy()
-
 
 @torch.no_grad()
 def filtered_nbest(
@@ -58,9 +56,9 @@ def filtered_nbest(
         _double(transitions), nodes.index,
     ).cpu().numpy()
     rows = nodes.spans().cpu().numpy()
-    scores = _host(nodes.scores)
+    scores = to_host(nodes.scores)
     ranges = numpy.searchsorted(rows[:, 0], numpy.arange(B + 1))
-    T = _host(transitions)
+    T = to_host(transitions)
     out = []
     for b in range(B):
         mine = rows[ranges[b] : ranges[b + 1], 1:]
@@ -99,8 +97,8 @@ def semicrf_nbest(
     log_z = semicrf_log_partition(scores.detach().double(), lengths, _double(transitions))
     lengths_np = lengths.cpu().numpy()
     inside = itemgraphs.segments_inside(lengths_np, (L, K, C))
-    masked = numpy.where(inside, _host(scores), -numpy.inf)
-    T, sentence = _host(transitions), _one_sentence(lengths_np, L)
+    masked = numpy.where(inside, to_host(scores), -numpy.inf)
+    T, sentence = to_host(transitions), _one_sentence(lengths_np, L)
     found = lattice_search(masked, lengths_np, T, numpy.arange(C), None, sentence, k)
     return _ranked(found, log_z, lambda items: [(s, s + w, c) for s, w, c in items if c > 0])
 
@@ -119,7 +117,7 @@ def crf_nbest(
     log_z = crf_log_partition(emissions.detach().double(), _double(transitions), lengths, allowed)
     lengths_np = lengths.cpu().numpy()
     inside = numpy.arange(L)[None, :, None, None] < lengths_np[:, None, None, None]
-    masked = numpy.where(inside, _host(emissions)[:, :, None, :], -numpy.inf)
+    masked = numpy.where(inside, to_host(emissions)[:, :, None, :], -numpy.inf)
     T = itemgraphs.crf_transitions(transitions, allowed)
     sentence = _one_sentence(lengths_np, L)
     found = lattice_search(masked, lengths_np, T, itemgraphs.crf_symbols(scheme), None, sentence, k)
