@@ -8,18 +8,20 @@ shard size, so a rerun finds the same shards.
 Document ids: the record's ``id`` (``.jsonl``) or ``doc.user_data["id"]`` (``.spacy``), else
 ``"<file>:<n>"`` with the file's path relative to INPUT and the document's 0-based position.
 """
-import copy
 import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+import srsly
+from spacy.attrs import ORTH
 from spacy.tokens import Doc, DocBin
 from spacy.vocab import Vocab
 
 SUFFIXES = (".jsonl", ".spacy")
 DEFAULT_SHARD_SIZE = 1000
+_EMPTY_USER_DATA = srsly.msgpack_dumps({})
 
 
 class AnnotateError(Exception):
@@ -136,18 +138,33 @@ def _read_jsonl(shard: Shard) -> Tuple[List[str], List[Any]]:
 
 def _read_spacy(shard: Shard, vocab: Vocab) -> Tuple[List[Doc], List[Any]]:
     docbin = _load_docbin(shard.source, *_stamp(Path(shard.source)))
-    part = _slice_docbin(docbin, shard.start, shard.start + shard.count)
+    # Only the words and their spacing are kept: entities already on the doc (gold ones, say)
+    # would be kept by the entity recognizers and hide their predictions. The docs are built
+    # from the stored token columns, as DocBin.get_docs does, without restoring the other
+    # annotations (nor making a lexeme of every string of the file, for every shard).
+    for string in docbin.strings:
+        vocab.strings.add(string)
+    orth = docbin.attrs.index(ORTH)
     docs: List[Doc] = []
     ids: List[Any] = []
-    for i, doc in enumerate(part.get_docs(vocab), start=shard.start):
+    for i in range(shard.start, shard.start + shard.count):
+        unknown_spaces = docbin.flags[i].get("has_unknown_spaces")
+        words = docbin.tokens[i][:, orth]
+        doc = Doc(vocab, words=words, spaces=None if unknown_spaces else docbin.spaces[i])
         if not doc.text.strip():
             raise AnnotateError(f"{shard.name}: document {i} has no text")
-        # Only the words and their spacing are kept: entities already on the doc (gold ones,
-        # say) would be kept by the entity recognizers and hide their predictions.
-        spaces = [bool(t.whitespace_) for t in doc]
-        docs.append(Doc(vocab, words=[t.text for t in doc], spaces=spaces))
-        ids.append(doc.user_data.get("id", f"{shard.name}:{i}"))
+        docs.append(doc)
+        ids.append(_user_data(docbin, i).get("id", f"{shard.name}:{i}"))
     return docs, ids
+
+
+def _user_data(docbin: DocBin, i: int) -> Dict[Any, Any]:
+    """Document ``i``'s stored ``user_data`` (an empty one is not decoded: srsly's msgpack
+    calls cost about 0.2 ms each, as much as annotating a short document)."""
+    data = docbin.user_data[i] if i < len(docbin.user_data) else None
+    if not data or data == _EMPTY_USER_DATA:
+        return {}
+    return srsly.msgpack_loads(data, use_list=False)
 
 
 def _stamp(file: Path) -> Tuple[int, int]:
@@ -167,12 +184,3 @@ def _load_docbin(path: str, size: int, mtime_ns: int) -> DocBin:
         return DocBin(store_user_data=True).from_disk(path)
     except Exception as err:  # zlib, msgpack and OS errors alike mean an unreadable file
         raise AnnotateError(f"cannot read {path} as a .spacy file: {err}") from err
-
-
-def _slice_docbin(docbin: DocBin, start: int, end: int) -> DocBin:
-    """Documents ``start .. end - 1`` of ``docbin`` without building the others: a shallow copy
-    whose per-document lists are sliced (the string table and attributes are shared)."""
-    part = copy.copy(docbin)
-    for field in ("tokens", "spaces", "cats", "span_groups", "flags", "user_data"):
-        setattr(part, field, getattr(docbin, field)[start:end])
-    return part
