@@ -9,7 +9,7 @@ from spacy.tokens import Doc, Span
 from spacy.training import Example
 from thinc.api import Adam
 
-from spacy_fsemicrf.component import FSemiCRFEntityRecognizer, set_entities
+from spacy_fsemicrf.component import DEFAULT_FILTER_MARGIN, FSemiCRFEntityRecognizer, set_entities
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
     from .conftest import (
@@ -236,7 +236,8 @@ def test_filter_margin_from_the_config_and_at_run_time(trained_nlp, tmp_path):
     ner = nlp.get_pipe("fsemicrf_ner")
     assert ner.filter_margin == -1e6
     assert all(len(doc.ents) == 0 for doc in nlp.pipe(texts))  # no span beats null by 1e6
-    ner.filter_margin = 0
+    ner.filter_margin = None  # the head's default, as trained_nlp has it
+    assert ner.filter_margin == trained_nlp.get_pipe("fsemicrf_ner").filter_margin
     assert predicted_set(nlp.pipe(texts)) == predicted_set(trained_nlp.pipe(texts))
     # every candidate span a node: a maximal path covers every token
     ner.filter_margin = 1e6
@@ -248,12 +249,16 @@ def test_filter_margin_from_the_config_and_at_run_time(trained_nlp, tmp_path):
 def test_filter_margin_errors():
     nlp = spacy.blank("en")
     ner = nlp.add_pipe("fsemicrf_ner")
-    for bad in (float("nan"), float("inf"), "0.5", True, None):
+    assert ner.filter_margin == DEFAULT_FILTER_MARGIN > 0  # null in the config: the head's default
+    for bad in (float("nan"), float("inf"), "0.5", True):
         with pytest.raises(ValueError, match="finite number"):
             ner.filter_margin = bad
+    assert ner.filter_margin == DEFAULT_FILTER_MARGIN
+    ner.filter_margin = 0
     assert ner.filter_margin == 0.0
     exact = nlp.add_pipe("fsemicrf_ner", name="exact",
                          config={"model": model_config("spacy-fsemicrf.SemiCRF.v1")})
+    assert exact.filter_margin == 0.0  # the heads that do not filter default to 0
     exact.filter_margin = 0.0
     with pytest.raises(ValueError, match="does not filter"):
         exact.filter_margin = 0.5
