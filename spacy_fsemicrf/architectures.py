@@ -216,7 +216,9 @@ def word_ids(docs: List[Doc]) -> List[Ints1d]:
         return []
     _, ids = numpy.unique(numpy.concatenate(hashes), return_inverse=True)
     ids = ids.astype("int64").reshape(-1)
-    return numpy.split(ids, numpy.cumsum([len(h) for h in hashes])[:-1])
+    # slices, not numpy.split, which costs several Python-level calls per document
+    ends = numpy.cumsum([len(h) for h in hashes]).tolist()
+    return [ids[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 
 def init(model: Model, X: Optional[ModelInput] = None, Y: Any = None) -> None:

@@ -524,8 +524,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             entities, scores = entities[keep], scores[keep]
         labels = [self.vocab.strings.add(label) for label in self.labels]
         reports = prediction.reports or [None] * len(docs)
+        bounds = _doc_bounds(entities, len(docs))
         for i, doc in enumerate(docs):
-            ents, group = self._span_group(doc, i, self.spans_key, entities, scores, labels)
+            ents, group = self._span_group(doc, bounds[i:i + 2], self.spans_key, entities, scores, labels)
             group.attrs["path_probability"] = float(prediction.path[i])
             if reports[i] is not None:
                 group.attrs["constraints"] = reports[i]._asdict()
@@ -537,8 +538,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if self._candidates_key is not None:
             rows, raw = prediction.candidates
             cand_scores = apply_calibration(self.calibration, raw)
+            bounds = _doc_bounds(rows, len(docs))
             for i, doc in enumerate(docs):
-                _, group = self._span_group(doc, i, self._candidates_key, rows, cand_scores, labels)
+                _, group = self._span_group(doc, bounds[i:i + 2], self._candidates_key, rows,
+                                            cand_scores, labels)
                 doc.spans[self._candidates_key] = group
 
     def nbest(self, doc: Doc, k: int) -> List[SpanGroup]:
@@ -565,12 +568,13 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     @staticmethod
     def _span_group(
-        doc: Doc, i: int, key: str, rows: numpy.ndarray, scores: numpy.ndarray, labels: List[int]
+        doc: Doc, bounds: List[int], key: str, rows: numpy.ndarray, scores: numpy.ndarray,
+        labels: List[int],
     ) -> Tuple[List[Span], SpanGroup]:
-        """The spans of document ``i`` among ``rows`` (sorted by document; label ids 1..M of
-        the label hashes ``labels``), and a span group of them with their ``scores`` in
-        ``attrs["scores"]``."""
-        a, b = numpy.searchsorted(rows[:, 0], [i, i + 1], side="left")
+        """The spans of a document, ``rows[a:b]`` for ``bounds = [a, b]`` (label ids 1..M of
+        the label hashes ``labels``; see :func:`_doc_bounds`), and a span group of them with
+        their ``scores`` in ``attrs["scores"]``."""
+        a, b = bounds
         spans = [
             Span(doc, start, end + 1, label=labels[label - 1])
             for _, start, end, label in rows[a:b].tolist()
@@ -619,6 +623,12 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             )
 
 
+def _doc_bounds(rows: numpy.ndarray, n_docs: int) -> List[int]:
+    """Where each document's rows start among ``rows`` (sorted by document, the first column),
+    and the end of the last: ``n_docs + 1`` offsets from one search for the whole batch."""
+    return numpy.searchsorted(rows[:, 0], numpy.arange(n_docs + 1), side="left").tolist()
+
+
 def _empty_prediction(n_docs: int, options: DecodeOptions) -> BatchPrediction:
     """The prediction for documents without tokens: no entity and the empty path (probability
     1); with nothing to decode there is no constraint report."""
@@ -650,14 +660,18 @@ def set_entities(doc: Doc, predicted: List[Span]) -> None:
         return
     iob = doc.to_array("ENT_IOB").astype("int64").reshape(-1)
     occupied = (iob == 1) | (iob == 3)  # inside a preset entity, or blocked
+    if not occupied.any():
+        # nothing to keep or avoid (a fresh doc): every token outside the predicted entities
+        # becomes O, which "outside" does without building a Span per uncovered run
+        doc.set_ents(predicted, default="outside")
+        return
     if predicted:
         starts = numpy.fromiter((s.start for s in predicted), dtype="int64", count=len(predicted))
         ends = numpy.fromiter((s.end for s in predicted), dtype="int64", count=len(predicted))
-        if occupied.any():
-            cum = numpy.concatenate([[0], numpy.cumsum(occupied)])
-            keep = (cum[ends] - cum[starts]) == 0
-            predicted = [span for span, k in zip(predicted, keep.tolist()) if k]
-            starts, ends = starts[keep], ends[keep]
+        cum = numpy.concatenate([[0], numpy.cumsum(occupied)])
+        keep = (cum[ends] - cum[starts]) == 0
+        predicted = [span for span, k in zip(predicted, keep.tolist()) if k]
+        starts, ends = starts[keep], ends[keep]
         delta = numpy.zeros((n + 1,), dtype="int64")
         numpy.add.at(delta, starts, 1)
         numpy.add.at(delta, ends, -1)

@@ -187,6 +187,8 @@ def _pad(model: Model, Xs: Sequence[Floats2d], lengths: numpy.ndarray):
                 f"head was built for width {width}."
             )
     max_len = max(1, int(lengths.max()) if len(lengths) else 1)
+    if len(Xs) and int(lengths.min()) == max_len:  # no padding: one copy of all the rows
+        return model.ops.asarray3f(model.ops.xp.stack(Xs))
     padded = model.ops.alloc3f(len(Xs), max_len, width)
     for i, x in enumerate(Xs):
         if lengths[i]:
@@ -196,6 +198,8 @@ def _pad(model: Model, Xs: Sequence[Floats2d], lengths: numpy.ndarray):
 
 def _pad_words(words: Sequence, lengths: numpy.ndarray, max_len: int) -> numpy.ndarray:
     """The word ids in a ``[B, max_len]`` int64 array (0 at padding, which no head reads)."""
+    if len(words) and int(lengths.min()) == max_len:  # no padding
+        return numpy.stack([numpy.asarray(w[:max_len], dtype="int64") for w in words])
     padded = numpy.zeros((len(words), max_len), dtype="int64")
     for i, w in enumerate(words):
         n = int(lengths[i])

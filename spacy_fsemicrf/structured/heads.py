@@ -105,10 +105,15 @@ class _SpanScorer(nn.Module):
 
     def forward(self, X: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         reach = self.featurizer.reach
-        if reach:  # spans read their neighbours: padding must add nothing
+        # without padding (one document, or documents of one length) the masks are all ones;
+        # checked on the host only, where it costs no device sync
+        padded = lengths.device.type != "cpu" or bool((lengths < X.shape[1]).any())
+        if reach and padded:  # spans read their neighbours: padding must add nothing
             X = X * token_mask(lengths.to(X.device), X.shape[1]).unsqueeze(-1).to(X.dtype)
         # the whole document's mean, before any blocking
-        doc = document_mean(X, lengths) if self.featurizer.doc_proj is not None else None
+        doc = None
+        if self.featurizer.doc_proj is not None:
+            doc = document_mean(X, lengths, padded)
         if torch.is_grad_enabled() or X.shape[1] <= PREDICT_BLOCK:
             return self._score(X, doc)
         # Spans starting in a block read at most K - 1 + reach tokens past it, and reach before.
@@ -125,7 +130,8 @@ class _SpanScorer(nn.Module):
         ``[n_out, B, L, K]`` tensor): reductions over the labels, such as the filter's argmax,
         then read contiguous planes, which is about ten times faster on CPU than reducing
         across a short innermost axis. The matmul costs the same either way."""
-        hidden = self.featurizer(self.dropout(X), doc)
+        # (an nn.Dropout call in eval mode returns X, after a module call's overhead)
+        hidden = self.featurizer(self.dropout(X) if self.training else X, doc)
         for layer in self.hidden:
             hidden = layer(hidden).relu_()
         B, L, K, H = hidden.shape

@@ -141,11 +141,13 @@ def overlap_mask(span_set: torch.Tensor) -> torch.Tensor:
     return inside > 0
 
 
-def document_mean(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def document_mean(x: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
     """``[B, L, D] -> [B, D]``: the mean of each document's token vectors (padding left out;
-    zero for an empty document)."""
-    mask = token_mask(lengths.to(x.device), x.shape[1]).unsqueeze(-1).to(x.dtype)
-    return (x * mask).sum(1) / lengths.to(x.device).clamp_min(1).unsqueeze(-1).to(x.dtype)
+    zero for an empty document). ``padded=False`` says that every document fills the ``L``
+    positions: the mask, all ones, is then skipped (multiplying by one changes nothing)."""
+    if padded:
+        x = x * token_mask(lengths.to(x.device), x.shape[1]).unsqueeze(-1).to(x.dtype)
+    return x.sum(1) / lengths.to(x.device).clamp_min(1).unsqueeze(-1).to(x.dtype)
 
 
 def same_word_mean(x: torch.Tensor, words: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,109 @@
+"""Record what a pipeline predicts, or check that it still predicts exactly that.
+
+    python benchmarks/check_predictions.py --model training/quick-fsemicrf/model-best \
+        --test corpus/test.spacy --save /tmp/predictions.pkl
+    python benchmarks/check_predictions.py --model training/quick-fsemicrf/model-best \
+        --test corpus/test.spacy --compare /tmp/predictions.pkl
+
+Documents of several lengths are cut from the test set's running text (as in
+``profile_predict.py``), and the test documents as they are (mixed lengths: padded batches), run through ``nlp.pipe`` at several batch sizes, on one thread.
+For each document it records ``doc.ents``, the span group of the ``fsemicrf_ner`` component
+with the bytes of its ``attrs["scores"]`` and its ``attrs["path_probability"]``: a speed change
+of the prediction path must leave all of them bit for bit the same. A second pass with a
+``filter_margin`` (``--margin``) and a candidates key also records the candidates: a wider
+filter keeps overlapping nodes, so that the marginals, the path probabilities below 1 and the
+solvers of larger clusters are checked too. ``--compare`` exits with
+status 1 and names the first differences when they are not.
+"""
+import argparse
+import pickle
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_predict import cut_docs  # noqa: E402
+
+Record = Tuple[tuple, tuple, bytes, float, tuple]
+
+
+def record(nlp, docs, batch_size: int, key: str, candidates: Optional[str]) -> List[Record]:
+    """``(ents, spans, score bytes, path probability, candidates)`` of each document after
+    ``nlp.pipe`` (candidates ``()`` without a ``candidates`` key)."""
+    out = []
+    for doc in nlp.pipe([d.copy() for d in docs], batch_size=batch_size):
+        group = doc.spans[key]
+        cands = ()
+        if candidates is not None:
+            found = doc.spans[candidates]
+            cands = (tuple((s.start, s.end, s.label_) for s in found), found.attrs["scores"].tobytes())
+        out.append((
+            tuple((e.start, e.end, e.label_) for e in doc.ents),
+            tuple((s.start, s.end, s.label_) for s in group),
+            group.attrs["scores"].tobytes(),
+            group.attrs["path_probability"],
+            cands,
+        ))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--test", required=True)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[0, 10, 35, 150, 1500],
+                        help="document lengths; 0 for the test documents as they are")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 7, 64])
+    parser.add_argument("--tokens", type=int, default=20000, help="tokens per length")
+    parser.add_argument("--margin", type=float, default=3.0, help="filter_margin of the second pass")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--save")
+    group.add_argument("--compare")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import spacy
+    from spacy.tokens import DocBin
+
+    nlp = spacy.load(args.model)
+    ner = nlp.get_pipe("fsemicrf_ner")
+    key = ner.spans_key
+    test = list(DocBin().from_disk(args.test).get_docs(nlp.vocab))
+    results: Dict[Tuple[int, int, float], List[Record]] = {}
+    for margin, candidates in ((0.0, None), (args.margin, "check_candidates")):
+        ner.filter_margin, ner.candidates_key = margin, candidates
+        for length in args.lengths:
+            # 0: the test documents as they are, of mixed lengths, so that batches are padded
+            docs = [d.copy() for d in test] if length == 0 else cut_docs(nlp, test, length, args.tokens)
+            for batch_size in args.batch_sizes:
+                results[length, batch_size, margin] = record(nlp, docs, batch_size, key, candidates)
+    n_docs = sum(len(r) for r in results.values())
+    n_ents = sum(len(rec[1]) for r in results.values() for rec in r)
+    path_below_1 = sum(rec[3] < 1 for r in results.values() for rec in r)
+    if args.save:
+        Path(args.save).write_bytes(pickle.dumps(results))
+        print(f"saved {n_docs} documents ({n_ents} entities, {path_below_1} paths of probability "
+              f"below 1) to {args.save}")
+        return
+    expected = pickle.loads(Path(args.compare).read_bytes())
+    bad = 0
+    for setting, recs in results.items():
+        if setting not in expected:
+            print(f"length {setting[0]} batch {setting[1]} margin {setting[2]}: not in {args.compare}")
+            bad += 1
+            continue
+        for i, (got, want) in enumerate(zip(recs, expected[setting])):
+            if got != want:
+                bad += 1
+                if bad <= 10:
+                    print(f"length {setting[0]} batch {setting[1]} margin {setting[2]} doc {i}:\n"
+                          f"  got  {got}\n  want {want}")
+    if bad:
+        print(f"{bad} documents differ")
+        sys.exit(1)
+    print(f"identical: {n_docs} documents ({n_ents} entities), scores and path probabilities bit for bit")
+
+
+if __name__ == "__main__":
+    main()

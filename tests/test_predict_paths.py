@@ -1,0 +1,70 @@
+"""The shortcuts of the prediction path give what the general code gives: documents without
+padding skip the padding masks and copies, fresh documents get their entities written
+without building the spans of the uncovered tokens."""
+import numpy
+import spacy
+import torch
+from spacy.tokens import Doc, Span
+from thinc.api import Model, NumpyOps
+
+from spacy_fsemicrf.component import _doc_bounds, set_entities
+from spacy_fsemicrf.head_model import _pad, _pad_words
+from spacy_fsemicrf.structured.heads import _SpanScorer
+from spacy_fsemicrf.structured.spans import document_mean
+
+
+def _width_model(width: int) -> Model:
+    return Model("pad", lambda model, X, is_train: (X, None), dims={"nI": width}, ops=NumpyOps())
+
+
+def test_pad_without_padding_equals_the_row_by_row_copy():
+    rng = numpy.random.default_rng(0)
+    Xs = [rng.normal(size=(4, 3)).astype("float32") for _ in range(3)]
+    lengths = numpy.array([4, 4, 4])
+    got = _pad(_width_model(3), Xs, lengths)
+    assert got.dtype == numpy.float32 and got.shape == (3, 4, 3)
+    assert numpy.array_equal(got, numpy.stack(Xs))
+    # one shorter document: the padded rows are zero
+    mixed = _pad(_width_model(3), Xs[:2] + [Xs[2][:2]], numpy.array([4, 4, 2]))
+    assert numpy.array_equal(mixed[2, :2], Xs[2][:2]) and not mixed[2, 2:].any()
+    words = [numpy.arange(4) + i for i in range(3)]
+    assert numpy.array_equal(_pad_words(words, lengths, 4), numpy.stack(words))
+    assert _pad_words(words[:2] + [words[2][:2]], numpy.array([4, 4, 2]), 4)[2].tolist() == [2, 3, 0, 0]
+
+
+def test_document_mean_without_padding_is_the_masked_mean_bit_for_bit():
+    x = torch.randn(3, 7, 5)
+    lengths = torch.tensor([7, 7, 7])
+    assert torch.equal(document_mean(x, lengths, padded=False), document_mean(x, lengths))
+
+
+def test_span_scorer_of_unpadded_documents_matches_them_padded():
+    """Scoring documents of one length (no masks) gives the scores that the same documents get
+    in a batch padded by a longer one (masked), on every span inside them."""
+    torch.manual_seed(0)
+    scorer = _SpanScorer(6, 4, 3, 8, "sum_endpoints_neighbors", 0.0, doc_vector=True).eval()
+    x = torch.randn(2, 5, 6)
+    longer = torch.randn(1, 9, 6)
+    padded = torch.cat([torch.nn.functional.pad(x, (0, 0, 0, 4)), longer])
+    with torch.no_grad():
+        alone = scorer(x, torch.tensor([5, 5]))
+        together = scorer(padded, torch.tensor([5, 5, 9]))
+    for w in range(3):  # spans that end inside the documents
+        assert torch.equal(alone[:, : 5 - w, w], together[:2, : 5 - w, w])
+
+
+def test_fresh_doc_gets_its_entities_and_o_elsewhere():
+    nlp = spacy.blank("en")
+    doc = Doc(nlp.vocab, words=["a", "b", "c", "d", "e"])
+    set_entities(doc, [Span(doc, 1, 3, label="PER"), Span(doc, 4, 5, label="LOC")])
+    assert [t.ent_iob_ for t in doc] == ["O", "B", "I", "O", "B"]
+    assert [t.ent_type_ for t in doc] == ["", "PER", "PER", "", "LOC"]
+    empty = Doc(nlp.vocab, words=["a", "b"])
+    set_entities(empty, [])
+    assert [t.ent_iob_ for t in empty] == ["O", "O"]
+
+
+def test_doc_bounds_are_each_documents_rows():
+    rows = numpy.array([[0, 1, 1, 1], [0, 3, 3, 1], [2, 0, 0, 2]])
+    assert _doc_bounds(rows, 4) == [0, 2, 2, 3, 3]
+    assert _doc_bounds(numpy.zeros((0, 4), dtype="int64"), 2) == [0, 0, 0]
