@@ -341,6 +341,11 @@ def _host(x: torch.Tensor, dtype: torch.dtype) -> numpy.ndarray:
 def _merge_rows(parts: Sequence[Tuple[numpy.ndarray, torch.Tensor, torch.Tensor]]) -> Decoded:
     """Rows ``(doc, start, end, label)`` and their values from the length groups, with the
     group's document numbers mapped back to the batch's and sorted by ``(doc, start)``."""
+    if len(parts) == 1 and numpy.array_equal(parts[0][0], numpy.arange(parts[0][0].size)):
+        # one group in batch order (one document, or documents of one length): the rows
+        # already hold the batch's document numbers, in (doc, start) order
+        _, rows_t, values_t = parts[0]
+        return _host(rows_t, torch.long).reshape(-1, 4), _host(values_t, torch.float32).reshape(-1)
     all_rows = [numpy.zeros((0, 4), dtype="int64")]
     all_values = [numpy.zeros((0,), dtype="float32")]
     for group, rows_t, values_t in parts:

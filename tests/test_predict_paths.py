@@ -8,9 +8,9 @@ from spacy.tokens import Doc, Span
 from thinc.api import Model, NumpyOps
 
 from spacy_fsemicrf.component import _doc_bounds, set_entities
-from spacy_fsemicrf.head_model import _pad, _pad_words
+from spacy_fsemicrf.head_model import _merge_rows, _pad, _pad_words
 from spacy_fsemicrf.structured.heads import _SpanScorer
-from spacy_fsemicrf.structured.spans import document_mean
+from spacy_fsemicrf.structured.spans import document_mean, same_word_mean
 
 
 def _width_model(width: int) -> Model:
@@ -68,3 +68,32 @@ def test_doc_bounds_are_each_documents_rows():
     rows = numpy.array([[0, 1, 1, 1], [0, 3, 3, 1], [2, 0, 0, 2]])
     assert _doc_bounds(rows, 4) == [0, 2, 2, 3, 3]
     assert _doc_bounds(numpy.zeros((0, 4), dtype="int64"), 2) == [0, 0, 0]
+
+
+def test_merge_rows_of_one_group_in_batch_order_keeps_them_as_they_are():
+    rows = torch.tensor([[0, 1, 2, 1], [0, 4, 4, 2], [1, 0, 0, 1]])
+    values = torch.tensor([0.5, 0.25, 1.0])
+    got_rows, got_values = _merge_rows([(numpy.arange(2), rows, values)])
+    assert got_rows.tolist() == rows.tolist() and got_values.tolist() == values.tolist()
+    # the same group in another order is mapped back to the batch and sorted
+    got_rows, got_values = _merge_rows([(numpy.array([1, 0]), rows, values)])
+    assert got_rows.tolist() == [[0, 0, 0, 1], [1, 1, 2, 1], [1, 4, 4, 2]]
+    assert got_values.tolist() == [1.0, 0.5, 0.25]
+
+
+def test_same_word_mean_of_distinct_words_is_each_token_bit_for_bit():
+    """At prediction, documents without padding whose words all differ take a shortcut: the
+    same values as the scatter of the general case (which training always runs)."""
+    x = torch.randn(2, 4, 3)
+    x[0, 0, 0] = -0.0
+    words = torch.tensor([[5, 6, 7, 8], [5, 9, 6, 1]])
+    lengths = torch.tensor([4, 4])
+    with torch.no_grad():
+        fast = same_word_mean(x, words, lengths)
+    general = same_word_mean(x, words, lengths)  # with autograd on: the scatter
+    assert torch.equal(fast, general)
+    assert torch.equal(torch.signbit(fast), torch.signbit(general))
+    repeated = torch.tensor([[5, 6, 5, 8], [5, 9, 6, 1]])
+    with torch.no_grad():
+        got = same_word_mean(x, repeated, lengths)
+    assert torch.allclose(got[0, 0], (x[0, 0] + x[0, 2]) / 2)
