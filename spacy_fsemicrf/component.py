@@ -658,11 +658,13 @@ def set_entities(doc: Doc, predicted: List[Span]) -> None:
     n = len(doc)
     if n == 0:
         return
-    iob = doc.to_array("ENT_IOB").astype("int64").reshape(-1)
-    occupied = (iob == 1) | (iob == 3)  # inside a preset entity, or blocked
-    if not occupied.any():
-        # nothing to keep or avoid (a fresh doc): every token outside the predicted entities
-        # becomes O, which "outside" does without building a Span per uncovered run
+    # a fresh doc (no entity information yet: one C loop tells) has nothing to keep or avoid
+    fresh = not doc.has_annotation("ENT_IOB")
+    iob = None if fresh else doc.to_array("ENT_IOB").astype("int64").reshape(-1)
+    occupied = None if fresh else (iob == 1) | (iob == 3)  # inside a preset entity, or blocked
+    if fresh or not occupied.any():
+        # every token outside the predicted entities becomes O, which "outside" does without
+        # building a Span per uncovered run
         doc.set_ents(predicted, default="outside")
         return
     if predicted:
