@@ -66,6 +66,7 @@ def build_filtered_semicrf(
     boundary_smoothing: float,
     doc_vector: bool,
     word_pool: bool,
+    null_tokens: bool = False,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model[ModelInput, Any]:
@@ -88,6 +89,9 @@ def build_filtered_semicrf(
     doc_vector (bool): add a projection of the document's mean token vector to every span.
     word_pool (bool): add to each token a projection of the mean vector of the tokens of its
         document with the same lower-case form, so that the mentions of a name share evidence.
+    null_tokens (bool): let a path leave kept nodes out (a scored null for every covered
+        token), so that the path CRF can overrule the filter; needs transitions = false.
+        Defaults to False, the paper's graph, for pipelines saved before the setting existed.
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -96,6 +100,7 @@ def build_filtered_semicrf(
         transitions=transitions, null_weight=null_weight, dropout=dropout,
         hidden_depth=hidden_depth, context_depth=context_depth, span_norm=span_norm,
         boundary_smoothing=boundary_smoothing, doc_vector=doc_vector, word_pool=word_pool,
+        null_tokens=null_tokens,
     )
     return build_structured_model("FilteredSemiCRF", tok2vec, kwargs, span_head=True,
                                   mixed_precision=mixed_precision, grad_scaler=grad_scaler)

@@ -90,6 +90,12 @@ def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
     return mask.reshape(-1).nonzero().squeeze(1)
 
 
+def grid_index(mask: torch.Tensor) -> torch.Tensor:
+    """``LongTensor[n]``: the flat indices of the True entries of a ``[B, L, K]`` grid, in
+    grid order (how a :class:`NodeSet` lists its nodes)."""
+    return _flat_nonzero(mask)
+
+
 def _candidates_only(index: torch.Tensor, lengths: torch.Tensor, L: int, K: int) -> torch.Tensor:
     """The flat ``[B, L, K]`` grid ``index`` without the entries past their document's end.
 
@@ -170,17 +176,24 @@ def inference_node_set(
 
 
 def training_nodes(
-    local_scores: torch.Tensor, lengths: torch.Tensor, gold_grid: torch.Tensor
+    local_scores: torch.Tensor,
+    lengths: torch.Tensor,
+    gold_grid: torch.Tensor,
+    overlapping_only: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Filtering under the gold-path constraint (docs/algorithm.md, "Training").
 
     Nodes are the gold spans with their gold labels, plus the spans with a non-null local label
     that are not gold and overlap some gold span. Each extra node overlaps a gold span, so the
     gold spans stay a maximal non-overlapping set, i.e. a path, and ``log Z >= gold score``.
+    With ``overlapping_only=False`` every span with a non-null local label is kept (for a graph
+    with null tokens, where the gold spans and nulls are a path whatever the other nodes).
     """
     pred_mask, pred_labels = inference_nodes(local_scores, lengths)
     gold_mask = gold_grid > 0
-    extra = pred_mask & ~gold_mask & overlap_mask(gold_mask)
+    extra = pred_mask & ~gold_mask
+    if overlapping_only:
+        extra &= overlap_mask(gold_mask)
     mask = gold_mask | extra
     labels = torch.where(gold_mask, gold_grid, pred_labels) * mask
     return mask, labels

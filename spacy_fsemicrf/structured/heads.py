@@ -45,6 +45,7 @@ from .linear_crf import (
     tags_to_spans,
 )
 from .nbest import Segmentation, crf_nbest, filtered_nbest, semicrf_nbest
+from .null_tokens import add_null_tokens, null_token_scores
 from .prediction import DecodeOptions, Prediction, path_probability
 from .semicrf import semicrf_gold_score, semicrf_log_partition, semicrf_viterbi
 from .semiring import masked_fill_neg
@@ -158,6 +159,12 @@ class FilteredSemiCRFHead(nn.Module):
     ``filter_margin`` (prediction only, log-odds): keep the spans whose best entity label scores
     above null minus the margin. A node that overlaps no other is always on the best path, so
     the margin is the threshold of the prediction: above 0 it trades precision for recall.
+
+    With ``null_tokens`` a path may leave kept nodes out (:mod:`.null_tokens`): every token a
+    node covers also gets a null, scored by the global head's null output at that token, so the
+    path CRF can overrule the filter. Training then keeps every predicted node, not only those
+    that overlap a gold span: the gold spans and the nulls of the other covered tokens are a
+    path whatever the other nodes are. Needs ``transitions = False``.
     """
 
     def __init__(
@@ -177,8 +184,12 @@ class FilteredSemiCRFHead(nn.Module):
         boundary_smoothing: float = 0.0,
         doc_vector: bool = False,
         word_pool: bool = False,
+        null_tokens: bool = False,
     ) -> None:
         super().__init__()
+        if null_tokens and transitions:
+            raise ValueError("null_tokens needs transitions = false: a cell that holds a node "
+                             "and a null could not tell their labels apart")
         if not 0.0 < null_weight <= 1.0:
             raise ValueError(f"null_weight must be in (0, 1], got {null_weight}")
         if not 0.0 <= boundary_smoothing < 1.0:
@@ -187,6 +198,7 @@ class FilteredSemiCRFHead(nn.Module):
         self.max_width = max_width
         self.null_weight = null_weight
         self.boundary_smoothing = boundary_smoothing
+        self.null_tokens = null_tokens
         C = n_labels + 1
         self.context = TokenContext(input_width, context_depth)
         self.word_pool = WordPool(self.context.output_width, word_pool)
@@ -233,12 +245,41 @@ class FilteredSemiCRFHead(nn.Module):
         loss_local = (ce * weight).sum()
         if self.boundary_smoothing > 0:
             loss_local = loss_local + self._smoothing_correction(local, lengths, gold)
-        mask, labels = filtered.training_nodes(local.detach(), lengths, grid)
+        mask, labels = filtered.training_nodes(local.detach(), lengths, grid,
+                                               overlapping_only=not self.null_tokens)
         scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        if self.null_tokens:
+            return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid)
         T = None if self.transitions is None else self.transitions.float()
         log_z = filtered.filtered_log_partition(scores, mask, labels, T)
         gold_score = filtered.path_score(scores, grid > 0, labels, T)
         return loss_local + (log_z - gold_score).sum()
+
+    def _null_tokens_loss(
+        self, scores: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+        glob: torch.Tensor, grid: torch.Tensor,
+    ) -> torch.Tensor:
+        """``log Z - gold score`` summed, on the graph of the training nodes with null tokens:
+        the gold path is the gold spans plus the nulls of the tokens they leave uncovered."""
+        index = filtered.grid_index(mask)
+        nodes = filtered.NodeSet(index, labels.view(-1)[index], scores.view(-1)[index],
+                                 tuple(mask.shape))
+        null = self._null_scores(glob)
+        graph = add_null_tokens(nodes, null)
+        log_z = filtered.filtered_log_partition(
+            graph.nodes.grid(graph.nodes.scores), graph.nodes.grid(), None, None, graph.nodes.index
+        )
+        on_gold = (grid.view(-1)[index] > 0)
+        gold_nodes = torch.zeros_like(log_z).index_add(
+            0, index // (mask.shape[1] * mask.shape[2]), nodes.scores * on_gold
+        )
+        return (log_z - gold_nodes - null_token_scores(nodes, null, on_gold)).sum()
+
+    @staticmethod
+    def _null_scores(glob: torch.Tensor) -> torch.Tensor:
+        """``[B, L]``: each token's null score, the global head's null output at its width-1
+        span (an output the paper's graph leaves unused)."""
+        return glob[:, :, 0, 0].float()
 
     def _smoothing_correction(
         self, local: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor
@@ -272,6 +313,8 @@ class FilteredSemiCRFHead(nn.Module):
     ) -> Prediction:
         nodes = self.nodes(local, glob, lengths, filter_margin)
         T = self._transitions()
+        if self.null_tokens:
+            return self._decode_null_tokens(local, glob, nodes, options)
         best, marginals = filtered.decode_node_set(nodes, T)
         # The marginal alone is 1 for a node that overlaps no other: the local probability of
         # its label brings in the filter's own uncertainty.
@@ -299,6 +342,40 @@ class FilteredSemiCRFHead(nn.Module):
         candidates = (nodes.spans(), conf) if options.candidates else None
         return Prediction(spans, scores, path, candidates, reports)
 
+    def _decode_null_tokens(
+        self, local: torch.Tensor, glob: torch.Tensor, nodes: filtered.NodeSet,
+        options: DecodeOptions,
+    ) -> Prediction:
+        """:meth:`decode` on the graph with null tokens (no transitions): the best path over
+        the cells' best choices, and each node's marginal as its share of its cell's."""
+        if options.constrained():
+            raise ValueError("constrained decoding is not available for a filtered head with "
+                             "null_tokens = true")
+        null = self._null_scores(glob.detach())
+        graph = add_null_tokens(nodes, null)
+        best_cells, _ = filtered.decode_node_set(
+            graph.nodes._replace(scores=graph.best_scores), None, marginals=False
+        )
+        _, cell_marginals = filtered.decode_node_set(graph.nodes, None)
+        at = graph.node_at
+        best = best_cells[at] & graph.pick[at]
+        marginals = (cell_marginals[at] * graph.share[at]).clamp(0, 1)
+        conf = (local_label_probability(local, nodes.index, nodes.labels) * marginals).clamp(0, 1)
+        path = None
+        if options.path:
+            B = local.shape[0]
+            docs = graph.nodes.index // (nodes.shape[1] * nodes.shape[2])
+            score = torch.zeros(B, dtype=graph.best_scores.dtype, device=local.device).index_add(
+                0, docs, torch.where(best_cells, graph.best_scores, 0.0)
+            )
+            log_z = filtered.filtered_log_partition(
+                graph.nodes.grid(graph.nodes.scores), graph.nodes.grid(), None, None,
+                graph.nodes.index,
+            )
+            path = path_probability(score, log_z, None, None)
+        candidates = (nodes.spans(), conf) if options.candidates else None
+        return Prediction(nodes.spans(best), conf[best], path, candidates, None)
+
     def _transitions(self) -> Optional[torch.Tensor]:
         return None if self.transitions is None else self.transitions.detach().float()
 
@@ -312,6 +389,9 @@ class FilteredSemiCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
     ) -> List[List[Segmentation]]:
         """The ``k`` best paths of each document's filtered graph, with their probabilities."""
+        if self.null_tokens:
+            raise ValueError("n-best decoding is not available for a filtered head with "
+                             "null_tokens = true")
         local, glob = self.span_scores(X, lengths, words)
         nodes = self.nodes(local, glob, lengths, filter_margin)
         return filtered_nbest(nodes, lengths, self._transitions(), k)
