@@ -5,6 +5,7 @@ and a saved head that the current config would not build fails with a clear erro
 Loading reads the weights with ``torch.load(..., weights_only=True)``: a pipeline's files never
 run code.
 """
+import inspect
 from io import BytesIO
 from typing import Any, Dict
 
@@ -58,6 +59,16 @@ def serialize_head(module: torch.nn.Module) -> bytes:
     return srsly.msgpack_dumps(msg)
 
 
+def _head_defaults(arch: str) -> Dict[str, Any]:
+    """The keyword defaults of a head class: a head saved before a setting existed was built
+    with its default, so it loads under a config that gives that value."""
+    if arch not in HEADS:
+        return {}
+    params = inspect.signature(HEADS[arch].__init__).parameters.values()
+    return {p.name: p.default for p in params
+            if p.kind is p.KEYWORD_ONLY and p.default is not inspect.Parameter.empty}
+
+
 def deserialize_head(
     spec: Dict[str, Any], module: torch.nn.Module, data: bytes, device: "torch.device"
 ) -> torch.nn.Module:
@@ -79,8 +90,8 @@ def deserialize_head(
     problems = []
     if msg["arch"] != spec["arch"]:
         problems.append(f"architecture {msg['arch']!r} (config: {spec['arch']!r})")
-    saved_kwargs = msg["kwargs"]
-    for key in sorted(set(saved_kwargs) | set(spec["kwargs"])):
+    saved_kwargs = {**_head_defaults(msg["arch"]), **msg["kwargs"]}
+    for key in sorted(set(msg["kwargs"]) | set(spec["kwargs"])):
         saved, current = saved_kwargs.get(key, "<unset>"), spec["kwargs"].get(key, "<unset>")
         if saved != current:
             problems.append(f"{key} = {saved!r} (config: {current!r})")

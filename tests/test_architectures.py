@@ -251,6 +251,13 @@ def test_a_saved_head_with_other_settings_fails_to_load_with_the_differences():
                          torch.device("cpu"))
     with pytest.raises(ValueError, match="architecture 'FilteredSemiCRF'"):
         deserialize_head({**spec, "arch": "SemiCRF"}, None, data, torch.device("cpu"))
+    # a head saved before a setting existed was built with the setting's default
+    assert "null_tokens" not in kwargs
+    deserialize_head({**spec, "kwargs": {**kwargs, "null_tokens": False}}, None, data,
+                     torch.device("cpu"))
+    with pytest.raises(ValueError, match="null_tokens = False \\(config: True\\)"):
+        deserialize_head({**spec, "kwargs": {**kwargs, "null_tokens": True}}, None, data,
+                         torch.device("cpu"))
     with pytest.raises(ValueError, match="not written by spacy-fsemicrf"):
         deserialize_head(spec, None, srsly.msgpack_dumps([1, 2]), torch.device("cpu"))
 
