@@ -372,7 +372,8 @@ def test_uninitialized_pipeline_round_trip(tmp_path):
         ({"doc_vector": False}, "doc_vector = True"),
         # the exact head has no local loss: its options go (None removes a key)
         (
-            {"@architectures": "spacy-fsemicrf.SemiCRF.v1", "null_weight": None, "boundary_smoothing": None},
+            {"@architectures": "spacy-fsemicrf.SemiCRF.v1", "null_weight": None,
+             "boundary_smoothing": None, "null_tokens": None},
             "FilteredSemiCRF",
         ),
         ({"tok2vec": {"depth": 2}}, "config"),
