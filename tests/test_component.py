@@ -216,6 +216,9 @@ def test_long_document(trained_nlp):
 
 
 def test_pipe_with_two_processes(trained_nlp):
+    """Same entities from two processes as from one. This process runs PyTorch on one thread
+    (conftest.py), so the fork hang is not reproduced here: tests/test_multiprocess.py checks
+    that, in a fresh interpreter with PyTorch's default threads."""
     texts = [text for text, _ in TRAIN_DATA] * 2
     single = predicted_set(trained_nlp.pipe(texts))
     multi = predicted_set(trained_nlp.pipe(texts, n_process=2, batch_size=4))
