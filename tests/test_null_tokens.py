@@ -220,3 +220,48 @@ def test_a_pipeline_with_null_tokens_learns_saves_and_loads(tmp_path):
     loaded = spacy.load(tmp_path / "p")
     assert loaded.get_pipe("fsemicrf_ner").torch_head.null_tokens
     assert predicted_set(loaded.pipe(texts)) == predicted_set(docs)
+
+
+def test_training_nodes_at_a_margin_are_the_inference_nodes_at_that_margin_plus_gold():
+    gen = torch.Generator().manual_seed(11)
+    local = torch.randn((2, 9, 3, 4), generator=gen)
+    lengths = torch.tensor([9, 6])
+    from spacy_fsemicrf.structured.spans import gold_label_grid
+    grid = gold_label_grid(torch.tensor([[0, 2, 3, 1], [1, 0, 0, 2]]), lengths, 9, 3)
+    for margin in (0.0, 1.0, 3.0):
+        mask, labels = filtered.training_nodes(local, lengths, grid, overlapping_only=False,
+                                               margin=margin)
+        pred, pred_labels = filtered.inference_nodes(local, lengths, margin)
+        assert torch.equal(mask, pred | (grid > 0))
+        assert torch.equal(labels, torch.where(grid > 0, grid, pred_labels) * mask)
+    loose, _ = filtered.training_nodes(local, lengths, grid, overlapping_only=False, margin=3.0)
+    tight, _ = filtered.training_nodes(local, lengths, grid, overlapping_only=False)
+    assert int(loose.sum()) > int(tight.sum())
+
+
+def test_the_head_trains_on_the_nodes_of_its_training_margin():
+    gen = torch.Generator().manual_seed(5)
+    B, L, K = 2, 7, 3
+    local = torch.randn((B, L, K, 4), generator=gen, dtype=torch.float64)
+    glob = torch.randn((B, L, K, 4), generator=gen, dtype=torch.float64)
+    lengths = torch.tensor([7, 5])
+    gold = torch.tensor([[0, 1, 2, 1], [1, 0, 0, 2]])
+    from spacy_fsemicrf.structured.spans import gold_label_grid
+    grid = gold_label_grid(gold, lengths, L, K)
+    losses = {}
+    for margin in (0.0, 2.0):
+        head = small_head(train_margin=margin)
+        mask, labels = filtered.training_nodes(local, lengths, grid, overlapping_only=False,
+                                               margin=margin)
+        scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        losses[margin] = float(head.loss(local, glob, lengths, gold))
+        glob_part = float(head._null_tokens_loss(scores, mask, labels, glob, grid))
+        local_part = float(small_head(train_margin=0.0).loss(local, glob, lengths, gold)) - (
+            float(head._null_tokens_loss(*_nodes_at(local, glob, lengths, grid, 0.0), glob, grid)))
+        assert losses[margin] == pytest.approx(local_part + glob_part, rel=1e-6)
+    assert losses[2.0] != pytest.approx(losses[0.0])
+
+
+def _nodes_at(local, glob, lengths, grid, margin):
+    mask, labels = filtered.training_nodes(local, lengths, grid, overlapping_only=False, margin=margin)
+    return glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1), mask, labels

@@ -180,6 +180,7 @@ def training_nodes(
     lengths: torch.Tensor,
     gold_grid: torch.Tensor,
     overlapping_only: bool = True,
+    margin: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Filtering under the gold-path constraint (docs/algorithm.md, "Training").
 
@@ -188,8 +189,9 @@ def training_nodes(
     gold spans stay a maximal non-overlapping set, i.e. a path, and ``log Z >= gold score``.
     With ``overlapping_only=False`` every span with a non-null local label is kept (for a graph
     with null tokens, where the gold spans and nulls are a path whatever the other nodes).
+    ``margin`` is the filter's, as at inference (the paper trains at 0).
     """
-    pred_mask, pred_labels = inference_nodes(local_scores, lengths)
+    pred_mask, pred_labels = inference_nodes(local_scores, lengths, margin)
     gold_mask = gold_grid > 0
     extra = pred_mask & ~gold_mask
     if overlapping_only:

@@ -165,6 +165,10 @@ class FilteredSemiCRFHead(nn.Module):
     path CRF can overrule the filter. Training then keeps every predicted node, not only those
     that overlap a gold span: the gold spans and the nulls of the other covered tokens are a
     path whatever the other nodes are. Needs ``transitions = False``.
+
+    ``train_margin``: the filter's margin when it picks the training nodes (0, as the paper). With
+    null tokens, a training margin as large as the prediction's shows the path CRF the nodes a
+    softer filter lets in, so that it learns to leave the wrong ones out.
     """
 
     def __init__(
@@ -185,6 +189,7 @@ class FilteredSemiCRFHead(nn.Module):
         doc_vector: bool = False,
         word_pool: bool = False,
         null_tokens: bool = False,
+        train_margin: float = 0.0,
     ) -> None:
         super().__init__()
         if null_tokens and transitions:
@@ -199,6 +204,7 @@ class FilteredSemiCRFHead(nn.Module):
         self.null_weight = null_weight
         self.boundary_smoothing = boundary_smoothing
         self.null_tokens = null_tokens
+        self.train_margin = train_margin
         C = n_labels + 1
         self.context = TokenContext(input_width, context_depth)
         self.word_pool = WordPool(self.context.output_width, word_pool)
@@ -246,7 +252,8 @@ class FilteredSemiCRFHead(nn.Module):
         if self.boundary_smoothing > 0:
             loss_local = loss_local + self._smoothing_correction(local, lengths, gold)
         mask, labels = filtered.training_nodes(local.detach(), lengths, grid,
-                                               overlapping_only=not self.null_tokens)
+                                               overlapping_only=not self.null_tokens,
+                                               margin=self.train_margin)
         scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         if self.null_tokens:
             return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid)
