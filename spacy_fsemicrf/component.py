@@ -73,6 +73,8 @@ _MODEL_CONFIGS = {
 transitions = false
 null_weight = 0.75
 boundary_smoothing = 0.2
+null_tokens = false
+train_margin = 0.0
 """ + _SPAN_SCORER + _TOK2VEC,
     "SemiCRF": """
 [model]
