@@ -38,13 +38,15 @@ def mean_se(values: List[float]) -> Dict[str, float]:
     return {"mean": statistics.fmean(values), "se": sd / math.sqrt(len(values)), "n": len(values)}
 
 
-def compare(scores: Dict[str, Path], baseline: str, base_margin: float, candidate: str,
+def compare(scores: Dict[str, str], baseline: str, base_margin: float, candidate: str,
             margins: List[float]) -> Dict[str, Any]:
     rows: List[Dict[str, Any]] = []
     for m in margins:
         per_corpus = {}
         for corpus, path in scores.items():
-            results = json.loads(Path(path).read_text())
+            # a corpus's runs may come from several results files (comma-separated)
+            runs = [run for part in str(path).split(",") for run in json.loads(Path(part).read_text())["runs"]]
+            results = {"runs": runs}
             base, cand = by_seed(results, baseline), by_seed(results, candidate)
             seeds = sorted(set(base) & set(cand))
             if not seeds:
@@ -90,7 +92,8 @@ def write_markdown(res: Dict[str, Any], path: Path) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scores", nargs="+", required=True, help="corpus=decode_settings results .json")
+    p.add_argument("--scores", nargs="+", required=True,
+                   help="corpus=decode_settings results .json (several: comma-separated)")
     p.add_argument("--baseline", required=True)
     p.add_argument("--baseline-margin", type=float, required=True)
     p.add_argument("--candidate", required=True)
@@ -98,7 +101,7 @@ def main(argv=None) -> None:
     p.add_argument("--output", type=Path, required=True)
     args = p.parse_args(argv)
     scores = dict(item.split("=", 1) for item in args.scores)
-    res = compare({k: Path(v) for k, v in scores.items()}, args.baseline, args.baseline_margin,
+    res = compare(scores, args.baseline, args.baseline_margin,
                   args.candidate, args.margins)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
