@@ -68,7 +68,6 @@ def build_filtered_semicrf(
     word_pool: bool,
     null_tokens: bool = False,
     train_margin: float = 0.0,
-    local_odds: bool = False,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model[ModelInput, Any]:
@@ -96,8 +95,6 @@ def build_filtered_semicrf(
         Defaults to False, the paper's graph, for pipelines saved before the setting existed.
     train_margin (float): the filter's margin (log-odds) when it picks the training nodes; 0,
         the paper's, by default (for pipelines saved before the setting existed too).
-    local_odds (bool): add to each node's global score the local classifier's log-odds of its
-        label against null; False by default (and for pipelines saved before it existed).
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -106,7 +103,7 @@ def build_filtered_semicrf(
         transitions=transitions, null_weight=null_weight, dropout=dropout,
         hidden_depth=hidden_depth, context_depth=context_depth, span_norm=span_norm,
         boundary_smoothing=boundary_smoothing, doc_vector=doc_vector, word_pool=word_pool,
-        null_tokens=null_tokens, train_margin=train_margin, local_odds=local_odds,
+        null_tokens=null_tokens, train_margin=train_margin,
     )
     return build_structured_model("FilteredSemiCRF", tok2vec, kwargs, span_head=True,
                                   mixed_precision=mixed_precision, grad_scaler=grad_scaler)

@@ -75,7 +75,6 @@ null_weight = 0.75
 boundary_smoothing = 0.2
 null_tokens = false
 train_margin = 0.0
-local_odds = false
 """ + _SPAN_SCORER + _TOK2VEC,
     "SemiCRF": """
 [model]

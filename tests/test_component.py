@@ -376,8 +376,7 @@ def test_uninitialized_pipeline_round_trip(tmp_path):
         # the exact head has no local loss: its options go (None removes a key)
         (
             {"@architectures": "spacy-fsemicrf.SemiCRF.v1", "null_weight": None,
-             "boundary_smoothing": None, "null_tokens": None, "train_margin": None,
-             "local_odds": None},
+             "boundary_smoothing": None, "null_tokens": None, "train_margin": None},
             "FilteredSemiCRF",
         ),
         ({"tok2vec": {"depth": 2}}, "config"),

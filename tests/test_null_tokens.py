@@ -265,32 +265,3 @@ def test_the_head_trains_on_the_nodes_of_its_training_margin():
 def _nodes_at(local, glob, lengths, grid, margin):
     mask, labels = filtered.training_nodes(local, lengths, grid, overlapping_only=False, margin=margin)
     return glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1), mask, labels
-
-
-@pytest.mark.parametrize("null_tokens", [True, False])
-def test_local_odds_add_the_local_log_odds_to_every_node_score(null_tokens):
-    gen = torch.Generator().manual_seed(8)
-    B, L, K = 2, 7, 3
-    local = torch.randn((B, L, K, 4), generator=gen, dtype=torch.float64)
-    glob = torch.randn((B, L, K, 4), generator=gen, dtype=torch.float64)
-    lengths = torch.tensor([7, 5])
-    plain = small_head(null_tokens=null_tokens).nodes(local, glob, lengths, 1.0)
-    odds = small_head(null_tokens=null_tokens, local_odds=True).nodes(local, glob, lengths, 1.0)
-    assert torch.equal(plain.index, odds.index) and plain.index.numel() > 3
-    rows = plain.spans().tolist()
-    for i, (doc, start, end, label) in enumerate(rows):
-        cell = local[doc, start, end - start]
-        want = float(plain.scores[i]) + float(cell[label] - cell[0])
-        assert float(odds.scores[i]) == pytest.approx(want, abs=1e-5)
-    # the loss reads the same scores: enumeration over its training nodes
-    gold = torch.tensor([[0, 1, 2, 1], [1, 0, 0, 2]])
-    from spacy_fsemicrf.structured.spans import gold_label_grid
-    grid = gold_label_grid(gold, lengths, L, K)
-    head = small_head(null_tokens=True, local_odds=True)
-    mask, labels = filtered.training_nodes(local, lengths, grid, overlapping_only=False)
-    scores = (glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-              + local.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1) - local.float()[..., 0])
-    plain_local = float(small_head(null_tokens=True).loss(local, glob, lengths, gold)) - float(
-        small_head(null_tokens=True)._null_tokens_loss(*_nodes_at(local, glob, lengths, grid, 0.0), glob, grid))
-    expected = plain_local + float(head._null_tokens_loss(scores, mask, labels, glob, grid))
-    assert float(head.loss(local, glob, lengths, gold)) == pytest.approx(expected, rel=1e-6)

@@ -169,10 +169,6 @@ class FilteredSemiCRFHead(nn.Module):
     ``train_margin``: the filter's margin when it picks the training nodes (0, as the paper). With
     null tokens, a training margin as large as the prediction's shows the path CRF the nodes a
     softer filter lets in, so that it learns to leave the wrong ones out.
-
-    ``local_odds``: a node's score is its global score plus the local classifier's log-odds of
-    its label against null (no gradient through them), so that the path CRF weighs the filter's
-    own confidence against the alternatives (with null tokens: against leaving the node out).
     """
 
     def __init__(
@@ -194,7 +190,6 @@ class FilteredSemiCRFHead(nn.Module):
         word_pool: bool = False,
         null_tokens: bool = False,
         train_margin: float = 0.0,
-        local_odds: bool = False,
     ) -> None:
         super().__init__()
         if null_tokens and transitions:
@@ -210,7 +205,6 @@ class FilteredSemiCRFHead(nn.Module):
         self.boundary_smoothing = boundary_smoothing
         self.null_tokens = null_tokens
         self.train_margin = train_margin
-        self.local_odds = local_odds
         C = n_labels + 1
         self.context = TokenContext(input_width, context_depth)
         self.word_pool = WordPool(self.context.output_width, word_pool)
@@ -261,9 +255,6 @@ class FilteredSemiCRFHead(nn.Module):
                                                overlapping_only=not self.null_tokens,
                                                margin=self.train_margin)
         scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-        if self.local_odds:
-            scores = scores + (local.detach().float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-                               - local.detach().float()[..., 0])
         if self.null_tokens:
             return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid)
         T = None if self.transitions is None else self.transitions.float()
@@ -316,16 +307,8 @@ class FilteredSemiCRFHead(nn.Module):
     def nodes(
         self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, filter_margin: float = 0.0
     ) -> filtered.NodeSet:
-        """The inference node set, with each node's score (global, plus the local log-odds with
-        ``local_odds``)."""
-        nodes = filtered.inference_node_set(local, glob, lengths, filter_margin)
-        if not self.local_odds:
-            return nodes
-        B, L, K, C = local.shape
-        row, width = nodes.index // K, nodes.index % K
-        at = local.detach()[row // L, row % L, width].float()  # [n, C]
-        odds = at.gather(1, nodes.labels.unsqueeze(1)).squeeze(1) - at[:, 0]
-        return nodes._replace(scores=nodes.scores + odds)
+        """The inference node set, with each node's global score."""
+        return filtered.inference_node_set(local, glob, lengths, filter_margin)
 
     def decode(
         self,
