@@ -60,6 +60,7 @@ def enumerate_sets(nodes, null):
 
 def solve(nodes, null):
     graph = add_null_tokens(nodes, null)
+    # log Z through the grid function: an independent way in to the same solver
     log_z = filtered.filtered_log_partition(
         graph.nodes.grid(graph.nodes.scores), graph.nodes.grid(), None, None, graph.nodes.index
     )

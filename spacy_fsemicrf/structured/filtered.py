@@ -564,6 +564,15 @@ def filtered_decode(
     return solution.best, solution.marginals
 
 
+def solve_node_set(
+    nodes: NodeSet, transitions: Optional[torch.Tensor], mode: str
+) -> "_Solution":
+    """Solve a :class:`NodeSet` without a grid: ``mode`` "log_z" (differentiable), "viterbi",
+    "marginals" or "decode" (both). Returns ``(total [B], best [n], marginals [n])``, the total
+    being the best path's score when the best path is asked for, else log Z."""
+    return _solve(nodes.index, nodes.scores, nodes.labels, nodes.shape, transitions, mode)
+
+
 @torch.no_grad()
 def decode_node_set(
     nodes: NodeSet, transitions: Optional[torch.Tensor] = None, marginals: bool = True
@@ -571,8 +580,7 @@ def decode_node_set(
     """Decode a :class:`NodeSet` without a grid (what a pipeline does at prediction time):
     ``(best BoolTensor[n], marginals [n])``, whether each listed node is on the best path and
     its marginal probability (None when ``marginals`` is False: Viterbi only)."""
-    mode = "decode" if marginals else "viterbi"
-    solution = _solve(nodes.index, nodes.scores, nodes.labels, nodes.shape, transitions, mode)
+    solution = solve_node_set(nodes, transitions, "decode" if marginals else "viterbi")
     return solution.best, solution.marginals
 
 

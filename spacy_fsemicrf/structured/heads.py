@@ -273,9 +273,7 @@ class FilteredSemiCRFHead(nn.Module):
                                  tuple(mask.shape))
         null = self._null_scores(glob)
         graph = add_null_tokens(nodes, null)
-        log_z = filtered.filtered_log_partition(
-            graph.nodes.grid(graph.nodes.scores), graph.nodes.grid(), None, None, graph.nodes.index
-        )
+        log_z = filtered.solve_node_set(graph.nodes, None, "log_z").total
         on_gold = (grid.view(-1)[index] > 0)
         gold_nodes = torch.zeros_like(log_z).index_add(
             0, index // (mask.shape[1] * mask.shape[2]), nodes.scores * on_gold
@@ -360,26 +358,17 @@ class FilteredSemiCRFHead(nn.Module):
                              "null_tokens = true")
         null = self._null_scores(glob.detach())
         graph = add_null_tokens(nodes, null)
-        best_cells, _ = filtered.decode_node_set(
-            graph.nodes._replace(scores=graph.best_scores), None, marginals=False
+        # the best path over the cells' best choices (its score: the total), and the cells'
+        # marginals over the log-sum scores (with log Z: the total)
+        best_path = filtered.solve_node_set(
+            graph.nodes._replace(scores=graph.best_scores), None, "viterbi"
         )
-        _, cell_marginals = filtered.decode_node_set(graph.nodes, None)
+        cells = filtered.solve_node_set(graph.nodes, None, "marginals")
         at = graph.node_at
-        best = best_cells[at] & graph.pick[at]
-        marginals = (cell_marginals[at] * graph.share[at]).clamp(0, 1)
+        best = best_path.best[at] & graph.pick[at]
+        marginals = (cells.marginals[at] * graph.share[at]).clamp(0, 1)
         conf = (local_label_probability(local, nodes.index, nodes.labels) * marginals).clamp(0, 1)
-        path = None
-        if options.path:
-            B = local.shape[0]
-            docs = graph.nodes.index // (nodes.shape[1] * nodes.shape[2])
-            score = torch.zeros(B, dtype=graph.best_scores.dtype, device=local.device).index_add(
-                0, docs, torch.where(best_cells, graph.best_scores, 0.0)
-            )
-            log_z = filtered.filtered_log_partition(
-                graph.nodes.grid(graph.nodes.scores), graph.nodes.grid(), None, None,
-                graph.nodes.index,
-            )
-            path = path_probability(score, log_z, None, None)
+        path = path_probability(best_path.total, cells.total) if options.path else None
         candidates = (nodes.spans(), conf) if options.candidates else None
         return Prediction(nodes.spans(best), conf[best], path, candidates, None)
 
