@@ -68,6 +68,7 @@ def build_filtered_semicrf(
     word_pool: bool,
     null_tokens: bool = False,
     train_margin: float = 0.0,
+    mean_field: int = 0,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model[ModelInput, Any]:
@@ -95,6 +96,9 @@ def build_filtered_semicrf(
         Defaults to False, the paper's graph, for pipelines saved before the setting existed.
     train_margin (float): the filter's margin (log-odds) when it picks the training nodes; 0,
         the paper's, by default (for pipelines saved before the setting existed too).
+    mean_field (int): mean-field layers refining the kept nodes' global scores from the nodes
+        that overlap or touch them, before the path CRF; 0, the paper's graph, by default (for
+        pipelines saved before the setting existed too).
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -103,7 +107,7 @@ def build_filtered_semicrf(
         transitions=transitions, null_weight=null_weight, dropout=dropout,
         hidden_depth=hidden_depth, context_depth=context_depth, span_norm=span_norm,
         boundary_smoothing=boundary_smoothing, doc_vector=doc_vector, word_pool=word_pool,
-        null_tokens=null_tokens, train_margin=train_margin,
+        null_tokens=null_tokens, train_margin=train_margin, mean_field=mean_field,
     )
     return build_structured_model("FilteredSemiCRF", tok2vec, kwargs, span_head=True,
                                   mixed_precision=mixed_precision, grad_scaler=grad_scaler)

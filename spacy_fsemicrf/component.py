@@ -75,6 +75,7 @@ null_weight = 0.75
 boundary_smoothing = 0.2
 null_tokens = false
 train_margin = 0.0
+mean_field = 0
 """ + _SPAN_SCORER + _TOK2VEC,
     "SemiCRF": """
 [model]

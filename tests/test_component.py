@@ -376,7 +376,8 @@ def test_uninitialized_pipeline_round_trip(tmp_path):
         # the exact head has no local loss: its options go (None removes a key)
         (
             {"@architectures": "spacy-fsemicrf.SemiCRF.v1", "null_weight": None,
-             "boundary_smoothing": None, "null_tokens": None, "train_margin": None},
+             "boundary_smoothing": None, "null_tokens": None, "train_margin": None,
+             "mean_field": None},
             "FilteredSemiCRF",
         ),
         ({"tok2vec": {"depth": 2}}, "config"),

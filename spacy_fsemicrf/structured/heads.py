@@ -44,6 +44,7 @@ from .linear_crf import (
     tag_scheme,
     tags_to_spans,
 )
+from .mean_field import MeanFieldRefiner, node_features
 from .nbest import Segmentation, crf_nbest, filtered_nbest, semicrf_nbest
 from .null_tokens import add_null_tokens, null_token_scores
 from .prediction import DecodeOptions, Prediction, path_probability
@@ -169,6 +170,11 @@ class FilteredSemiCRFHead(nn.Module):
     ``train_margin``: the filter's margin when it picks the training nodes (0, as the paper). With
     null tokens, a training margin as large as the prediction's shows the path CRF the nodes a
     softer filter lets in, so that it learns to leave the wrong ones out.
+
+    ``mean_field = M > 0`` refines the kept nodes' global scores by ``M`` mean-field layers
+    between nodes that overlap or touch (:mod:`.mean_field`) before the path CRF, in training
+    and prediction alike; their features are the token vectors at each node's boundaries, so
+    the methods that score nodes take the token vectors too (``tokens=``).
     """
 
     def __init__(
@@ -190,8 +196,11 @@ class FilteredSemiCRFHead(nn.Module):
         word_pool: bool = False,
         null_tokens: bool = False,
         train_margin: float = 0.0,
+        mean_field: int = 0,
     ) -> None:
         super().__init__()
+        if mean_field < 0:
+            raise ValueError(f"mean_field must be >= 0, got {mean_field}")
         if null_tokens and transitions:
             raise ValueError("null_tokens needs transitions = false: a cell that holds a node "
                              "and a null could not tell their labels apart")
@@ -215,13 +224,42 @@ class FilteredSemiCRFHead(nn.Module):
             hidden_depth, span_norm, doc_vector,
         )
         self.transitions = nn.Parameter(torch.zeros(C + 1, C + 1)) if transitions else None
+        self.refiner = (
+            MeanFieldRefiner(2 * self.context.output_width, C, mean_field) if mean_field else None
+        )
 
     def span_scores(
         self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(local [B, L, K, C], global [B, L, K, C])`` span scores."""
-        scores = self.scorer(self.word_pool(self.context(X, lengths), lengths, words), lengths)
-        return scores.chunk(2, dim=-1)
+        return self._encode(X, lengths, words)[1:]
+
+    def _encode(
+        self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(tokens [B, L, D'], local, global)``: the token vectors the span scorer reads
+        (which the mean-field layers read too) and the span scores."""
+        tokens = self.word_pool(self.context(X, lengths), lengths, words)
+        local, glob = self.scorer(tokens, lengths).chunk(2, dim=-1)
+        return tokens, local, glob
+
+    def refine(
+        self, glob: torch.Tensor, index: torch.Tensor, labels: torch.Tensor,
+        tokens: Optional[torch.Tensor],
+    ) -> Optional[torch.Tensor]:
+        """``[n]``: the global scores of the nodes at flat grid ``index`` with ``labels``,
+        refined by the mean-field layers; None without them."""
+        if self.refiner is None:
+            return None
+        if tokens is None:
+            raise ValueError("a filtered head with mean_field > 0 needs the token vectors "
+                             "(tokens=...) to score its nodes")
+        B, L, K, C = glob.shape
+        # the scores are label-major in memory (see _SpanScorer._score): gather label planes
+        unary = glob.permute(3, 0, 1, 2).reshape(C, -1).index_select(1, index).T.float()
+        features = node_features(tokens.float(), index, (B, L, K))
+        logits = self.refiner(unary, features, index, (B, L, K))
+        return logits.gather(1, labels.unsqueeze(1)).squeeze(1)
 
     def forward(
         self,
@@ -232,14 +270,16 @@ class FilteredSemiCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
     ) -> HeadOutput:
-        local, glob = self.span_scores(X, lengths, words)
+        tokens, local, glob = self._encode(X, lengths, words)
         if gold is not None:
-            return self.loss(local, glob, lengths, gold)
-        prediction = self.decode(local, glob, lengths, filter_margin, options or DecodeOptions())
+            return self.loss(local, glob, lengths, gold, tokens)
+        prediction = self.decode(local, glob, lengths, filter_margin, options or DecodeOptions(),
+                                 tokens)
         return prediction if options is not None else prediction[:2]
 
     def loss(
-        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor
+        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor,
+        tokens: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         B, L, K, C = local.shape
         grid = gold_label_grid(gold, lengths, L, K)
@@ -255,6 +295,10 @@ class FilteredSemiCRFHead(nn.Module):
                                                overlapping_only=not self.null_tokens,
                                                margin=self.train_margin)
         scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        if self.refiner is not None:
+            index = filtered.grid_index(mask)
+            refined = self.refine(glob, index, labels.view(-1)[index], tokens)
+            scores = scores.reshape(-1).index_copy(0, index, refined).view_as(scores)
         if self.null_tokens:
             return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid)
         T = None if self.transitions is None else self.transitions.float()
@@ -303,10 +347,14 @@ class FilteredSemiCRFHead(nn.Module):
         return eps * (to_null + self.null_weight * to_label.sum())
 
     def nodes(
-        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, filter_margin: float = 0.0
+        self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor,
+        filter_margin: float = 0.0, tokens: Optional[torch.Tensor] = None,
     ) -> filtered.NodeSet:
-        """The inference node set, with each node's global score."""
-        return filtered.inference_node_set(local, glob, lengths, filter_margin)
+        """The inference node set, with each node's global score (refined by the mean-field
+        layers, which read ``tokens``, if the head has them)."""
+        nodes = filtered.inference_node_set(local, glob, lengths, filter_margin)
+        refined = self.refine(glob, nodes.index, nodes.labels, tokens)
+        return nodes if refined is None else nodes._replace(scores=refined)
 
     def decode(
         self,
@@ -315,8 +363,9 @@ class FilteredSemiCRFHead(nn.Module):
         lengths: torch.Tensor,
         filter_margin: float = 0.0,
         options: DecodeOptions = DecodeOptions(),
+        tokens: Optional[torch.Tensor] = None,
     ) -> Prediction:
-        nodes = self.nodes(local, glob, lengths, filter_margin)
+        nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         T = self._transitions()
         if self.null_tokens:
             return self._decode_null_tokens(local, glob, nodes, options)
@@ -388,8 +437,8 @@ class FilteredSemiCRFHead(nn.Module):
         if self.null_tokens:
             raise ValueError("n-best decoding is not available for a filtered head with "
                              "null_tokens = true")
-        local, glob = self.span_scores(X, lengths, words)
-        nodes = self.nodes(local, glob, lengths, filter_margin)
+        tokens, local, glob = self._encode(X, lengths, words)
+        nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         return filtered_nbest(nodes, lengths, self._transitions(), k)
 
     @torch.no_grad()
@@ -402,7 +451,7 @@ class FilteredSemiCRFHead(nn.Module):
     ) -> torch.Tensor:
         """``LongTensor[B]``: the size of the filtered graph (kept nodes) of each document."""
         local, glob = self.span_scores(X, lengths, words)
-        return self.nodes(local, glob, lengths, filter_margin).counts()
+        return filtered.inference_node_set(local, glob, lengths, filter_margin).counts()
 
 
 class SemiCRFHead(nn.Module):
