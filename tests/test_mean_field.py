@@ -41,7 +41,9 @@ def brute_edges(index, shape):
 
 
 # documents longer than K and several widths, so that neighbours come from several starts
-SHAPES = [(1, 3, 2), (2, 7, 3), (3, 12, 4), (2, 40, 10), (1, 25, 1), (4, 9, 9)]
+# (4, 2, 1): documents of two tokens and one width, where the keys of a document's last node
+# and the next document's first are closest
+SHAPES = [(1, 3, 2), (2, 7, 3), (3, 12, 4), (2, 40, 10), (1, 25, 1), (4, 9, 9), (4, 2, 1)]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -106,6 +108,15 @@ def test_layers_are_mean_field_updates(seed, shape, layers, tied):
         layer = refiner.layers[0 if tied else m]
         logits = brute_update(layer, unary, logits.softmax(-1), features, index, shape)
     torch.testing.assert_close(got, logits, rtol=1e-9, atol=1e-9)
+
+
+def test_layers_have_their_own_weights_unless_tied():
+    untied = MeanFieldRefiner(6, 4, 3, attention_width=5)
+    assert len(untied.layers) == 3 and untied.layers[0] is not untied.layers[1]
+    assert all(layer.query.out_features == 5 == layer.key.out_features for layer in untied.layers)
+    assert len(MeanFieldRefiner(6, 4, 3, tied=True).layers) == 1
+    with pytest.raises(ValueError, match="at least one layer"):
+        MeanFieldRefiner(6, 4, 0)
 
 
 def test_a_fresh_refiner_returns_the_unaries_and_learns():
