@@ -287,6 +287,26 @@ def test_a_failed_shard_write_leaves_nothing(tmp_path):
 
 
 
+def test_msgpack_entry_points_resolved_once_keep_every_encoder(trained_nlp):
+    """A registry's entry-point functions are registered directly and the lookups stop; srsly's
+    own registries then write a document's bytes exactly as before."""
+    import catalogue
+
+    from spacy_fsemicrf.annotate.engine import resolve_msgpack_entry_points
+
+    registry = catalogue.create("fsemicrf_test", "msgpack_encoders", entry_points=True)
+    encoder = lambda obj, chain=None: obj  # noqa: E731
+    registry.get_entry_points = lambda: {"from_a_package": encoder}
+    resolve_msgpack_entry_points((registry,))
+    assert not registry.entry_points and registry.get_all() == {"from_a_package": encoder}
+
+    doc = trained_nlp("John Smith works for Google in Paris .")
+    doc.user_data["id"] = "doc-1"
+    before = DocBin(store_user_data=True, docs=[doc]).to_bytes()
+    resolve_msgpack_entry_points()
+    assert DocBin(store_user_data=True, docs=[doc]).to_bytes() == before
+
+
 def test_the_module_command_dispatches(capsys):
     from spacy_fsemicrf.__main__ import main
 
