@@ -421,3 +421,79 @@ def test_requires_in_sentence_scope():
     assert out.reports[0].status == "optimal" and out.reports[0].score == pytest.approx(2.5)
     out = semicrf_constrained(scores, torch.tensor([4]), None, [DocConstraints(program, ())])
     assert out.reports[0].status == "satisfied"  # one sentence: the B at token 2 counts
+
+
+# ----------------------------------------------------------------------------- heads
+
+
+def _head_case(kind: str, seed: int):
+    """A small random head, its scores on a random batch, and one document's constraints."""
+    from spacy_fsemicrf.structured.heads import LinearCRFHead, SemiCRFHead
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    M, L, B = 2, 5, 3
+    X = torch.randn((B, L, 4))
+    lengths = torch.tensor([L, 3, 0])
+    if kind == "semicrf":
+        head = SemiCRFHead(4, M, max_width=3, hidden_width=6, dropout=0.0).eval()
+        with torch.no_grad():
+            head.transitions.normal_()
+        scores = head.span_scores(X, lengths).detach()
+    else:
+        head = LinearCRFHead(4, M, max_width=3, hidden_width=6, dropout=0.0).eval()
+        with torch.no_grad():
+            head.transitions.normal_()
+        scores = head.emissions(X, lengths).detach()
+    docs, refs = [], []
+    for b in range(B):
+        constraints, starts, doc = random_doc_constraints(rng, LABELS[:M], int(lengths[b]))
+        if b == 1:
+            constraints, starts, doc = [], (0,), None  # one document without constraints
+        docs.append(doc)
+        refs.append((constraints, starts))
+    return head, scores, lengths, docs, refs
+
+
+@pytest.mark.parametrize("kind", ["semicrf", "crf"])
+@pytest.mark.parametrize("seed", range(12))
+def test_heads_report_and_score_the_constrained_path(kind, seed):
+    """A head's decode under constraints returns a report per constrained document, and the
+    path probability of the path it returns: exp(score - log Z) by enumeration."""
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    from .bruteforce import crf_enumerate, semicrf_enumerate
+
+    head, scores, lengths, docs, refs = _head_case(kind, seed)
+    T = head.transitions.detach().double()
+    out = head.decode(scores, lengths, DecodeOptions(path=True, constraints=docs))
+    assert len(out.reports) == len(docs)
+    for b, (doc, (constraints, starts)) in enumerate(zip(docs, refs)):
+        length = int(lengths[b])
+        assert (out.reports[b] is None) == (doc is None)
+        if kind == "semicrf":
+            enum = semicrf_enumerate(scores[b].double().tolist(), length, T.tolist())
+            ref = semicrf_reference(scores[b].double().tolist(), T.tolist(), length,
+                                    constraints, LABELS[:2], starts)
+        else:
+            allowed = head.allowed.tolist()
+            enum = crf_enumerate(scores[b].double(), T, length, allowed)
+            ref = crf_reference(scores[b].double().tolist(), T.tolist(), allowed, head.scheme,
+                                length, constraints, LABELS[:2], starts)
+        # an infeasible document keeps its unconstrained path
+        best = ref[0][0] if ref else enum.best_score
+        want = math.exp(min(best - enum.log_z, 0.0))
+        assert math.isclose(float(out.path[b]), want, rel_tol=1e-4, abs_tol=1e-6), (b, want)
+
+
+@pytest.mark.parametrize("kind", ["semicrf", "crf"])
+def test_heads_report_constraints_on_a_batch_without_tokens(kind):
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    head, scores, _, _, _ = _head_case(kind, 0)
+    lengths = torch.zeros(2, dtype=torch.long)
+    doc = DocConstraints(compile_constraints([{"kind": "at_most", "label": "A", "n": 0,
+                                               "scope": "doc"}], LABELS[:2]), (0,))
+    out = head.decode(scores[:2, :0], lengths, DecodeOptions(constraints=[doc, None]))
+    assert out.spans.shape == (0, 4)
+    assert out.reports is not None and out.reports[0] is not None and out.reports[1] is None
