@@ -184,6 +184,15 @@ def test_head_decodes_the_best_set_with_confidences_and_path_probability():
     for b in range(B):
         log_z, best_score, _, _ = expected[b]
         assert float(prediction.path[b]) == pytest.approx(math.exp(best_score - log_z), abs=1e-6)
+    # candidates: every kept node with its confidence (local probability times marginal), only
+    # when asked for, as is the path probability
+    assert prediction.candidates is None and head.decode(local, glob, lengths, 0.5).path is None
+    cand_rows, cand_conf = head.decode(local, glob, lengths, 0.5,
+                                       DecodeOptions(candidates=True)).candidates
+    assert cand_rows.tolist() == rows
+    for i, (doc, start, end, label) in enumerate(rows):
+        want_conf = float(local_prob[doc, start, end - start, label]) * expected[doc][3][i]
+        assert float(cand_conf[i]) == pytest.approx(want_conf, abs=1e-6)
 
 
 def test_null_tokens_refuse_what_they_do_not_support():
