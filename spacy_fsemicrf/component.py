@@ -76,6 +76,7 @@ boundary_smoothing = 0.2
 null_tokens = false
 train_margin = 0.0
 mean_field = 0
+exact_loss = 0.0
 """ + _SPAN_SCORER + _TOK2VEC,
     "SemiCRF": """
 [model]

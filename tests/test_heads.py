@@ -351,3 +351,38 @@ def test_boundary_smoothing_is_the_soft_target_cross_entropy(seed):
 def test_boundary_smoothing_must_leave_the_gold_span_some_mass():
     with pytest.raises(ValueError, match="boundary_smoothing"):
         FilteredSemiCRFHead(D, M, boundary_smoothing=1.0)
+
+
+@pytest.mark.parametrize("null_tokens", [False, True])
+def test_exact_loss_adds_the_semicrf_loss_of_the_global_scores(null_tokens):
+    """With exact_loss = w the filtered head's loss is its own plus w times log Z minus the gold
+    segmentation's score, both by enumerating every segmentation of the global scores."""
+    import math
+
+    from .bruteforce import segmentation_score, semicrf_enumerate
+
+    torch.manual_seed(0)
+    X = torch.randn((2, 6, 5))
+    lengths = torch.tensor([6, 4])
+    gold = torch.tensor([[0, 1, 2, 1], [0, 4, 4, 2], [1, 0, 0, 1]])
+    plain = FilteredSemiCRFHead(5, 2, max_width=3, hidden_width=8, dropout=0.0,
+                                null_tokens=null_tokens).eval()
+    weighted = FilteredSemiCRFHead(5, 2, max_width=3, hidden_width=8, dropout=0.0,
+                                   null_tokens=null_tokens, exact_loss=0.5).eval()
+    weighted.load_state_dict(plain.state_dict())
+    _, glob = plain.span_scores(X, lengths)
+    want = 0.0
+    for b in range(2):
+        n = int(lengths[b])
+        scores = glob[b].double().tolist()
+        entities = {(s, e): c for d, s, e, c in gold.tolist() if d == b}
+        segments, t = [], 0
+        while t < n:  # the gold segmentation: its entities and one-token nulls between them
+            end = next((e for (s, e) in entities if s == t), None)
+            segments.append((t, end, entities[(t, end)]) if end is not None else (t, t, 0))
+            t = (end if end is not None else t) + 1
+        want += semicrf_enumerate(scores, n).log_z - segmentation_score(scores, segments)
+    got = float((weighted(X, lengths, gold) - plain(X, lengths, gold)).detach())
+    assert math.isclose(got, 0.5 * want, rel_tol=1e-4, abs_tol=1e-4)
+    with pytest.raises(ValueError, match="exact_loss"):
+        FilteredSemiCRFHead(5, 2, exact_loss=-1.0)

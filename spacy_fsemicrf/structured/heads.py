@@ -175,6 +175,12 @@ class FilteredSemiCRFHead(nn.Module):
     between nodes that overlap or touch (:mod:`.mean_field`) before the path CRF, in training
     and prediction alike; their features are the token vectors at each node's boundaries, so
     the methods that score nodes take the token vectors too (``tokens=``).
+
+    ``exact_loss = w > 0`` adds ``w`` times the exact semi-CRF loss of the global scores over
+    every segmentation (:mod:`.semicrf`; the global null output scores the one-token null
+    segments, as it scores the null tokens) to the training loss: the span representation the
+    local classifier shares with the global scores then also learns from whole segmentations.
+    Training only.
     """
 
     def __init__(
@@ -197,8 +203,11 @@ class FilteredSemiCRFHead(nn.Module):
         null_tokens: bool = False,
         train_margin: float = 0.0,
         mean_field: int = 0,
+        exact_loss: float = 0.0,
     ) -> None:
         super().__init__()
+        if exact_loss < 0:
+            raise ValueError(f"exact_loss must be >= 0, got {exact_loss}")
         if mean_field < 0:
             raise ValueError(f"mean_field must be >= 0, got {mean_field}")
         if null_tokens and transitions:
@@ -214,6 +223,7 @@ class FilteredSemiCRFHead(nn.Module):
         self.boundary_smoothing = boundary_smoothing
         self.null_tokens = null_tokens
         self.train_margin = train_margin
+        self.exact_loss = exact_loss
         C = n_labels + 1
         self.context = TokenContext(input_width, context_depth)
         self.word_pool = WordPool(self.context.output_width, word_pool)
@@ -291,6 +301,12 @@ class FilteredSemiCRFHead(nn.Module):
         loss_local = (ce * weight).sum()
         if self.boundary_smoothing > 0:
             loss_local = loss_local + self._smoothing_correction(local, lengths, gold)
+        if self.exact_loss > 0:
+            exact = glob.float()
+            loss_local = loss_local + self.exact_loss * (
+                semicrf_log_partition(exact, lengths, None)
+                - semicrf_gold_score(exact, lengths, gold, None)
+            ).sum()
         mask, labels = filtered.training_nodes(local.detach(), lengths, grid,
                                                overlapping_only=not self.null_tokens,
                                                margin=self.train_margin)
