@@ -106,7 +106,7 @@ Cheapest test first: mutmut stops a mutant's run at its first failing test (-x) 
 pytest the selected tests in no particular order, so a mutant the fastest test would catch
 could first sit through a training fixture. The first run (mutmut's run on the clean code)
 records what each test costs: its call plus the setup of each fixture it uses, by fixture
-name (a session fixture is paid by whichever test comes first). Later runs sort by it.
+name (a fixture shared by many tests is paid by whichever runs first). Later runs sort by it.
 """
 import json
 import os

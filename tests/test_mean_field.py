@@ -9,6 +9,7 @@ import torch
 from spacy_fsemicrf.structured import filtered
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead
 from spacy_fsemicrf.structured.mean_field import MeanFieldRefiner, node_edges, node_features
+from spacy_fsemicrf.structured.spans import gold_label_grid
 
 
 def random_node_index(gen, B, L, K, p):
@@ -186,8 +187,7 @@ def test_the_path_crf_reads_the_refined_scores():
     # decoding: the best path of the inference graph with refined node scores
     nodes = filtered.inference_node_set(local, glob, lengths, 2.0)
     features = node_features(tokens, nodes.index, nodes.shape)
-    unary = glob.reshape(-1, 4)[nodes.index] if glob.is_contiguous() else \
-        glob.contiguous().reshape(-1, 4)[nodes.index]
+    unary = glob.contiguous().reshape(-1, 4)[nodes.index]
     logits = head.refiner(unary.float(), features, nodes.index, nodes.shape)
     scores = logits[torch.arange(nodes.index.numel()), nodes.labels]
     assert not torch.allclose(scores, nodes.scores)  # the test would not see a refinement
@@ -195,14 +195,13 @@ def test_the_path_crf_reads_the_refined_scores():
     spans, _ = head(X, lengths, filter_margin=2.0)
     assert torch.equal(spans, nodes.spans(best))
     # training: local loss plus log Z - gold score on the training graph with refined scores
-    mask, labels = filtered.training_nodes(local.detach(), lengths,
-                                           _gold_grid(gold, lengths, X.shape[1], 4))
+    gold_grid = gold_label_grid(gold, lengths, X.shape[1], 4)
+    mask, labels = filtered.training_nodes(local.detach(), lengths, gold_grid)
     index = filtered.grid_index(mask)
     unary = glob.contiguous().reshape(-1, 4)[index].float()
     refined = head.refiner(unary, node_features(tokens, index, nodes.shape), index, nodes.shape)
     grid_scores = torch.zeros(mask.shape).view(-1).index_put(
         (index,), refined[torch.arange(index.numel()), labels.view(-1)[index]]).view(mask.shape)
-    gold_grid = _gold_grid(gold, lengths, X.shape[1], 4)
     glob_loss = (filtered.filtered_log_partition(grid_scores, mask, labels, None)
                  - filtered.path_score(grid_scores, gold_grid > 0, labels, None)).sum()
     plain = small_head()
@@ -213,12 +212,6 @@ def test_the_path_crf_reads_the_refined_scores():
                        - filtered.path_score(plain_scores, gold_grid > 0, labels, None)).sum()
     local_loss = plain(X, lengths, gold) - plain_glob_loss
     torch.testing.assert_close(head(X, lengths, gold), local_loss + glob_loss)
-
-
-def _gold_grid(gold, lengths, L, K):
-    from spacy_fsemicrf.structured.spans import gold_label_grid
-
-    return gold_label_grid(gold, lengths, L, K)
 
 
 def test_scoring_nodes_without_the_token_vectors_is_a_clear_error():

@@ -35,9 +35,7 @@ def local_label_probability(
 ) -> torch.Tensor:
     """``[n]``: the local classifier's probability (softmax over null and the labels) of each
     listed span (flat ``[B, L, K]`` grid ``index``) having its label."""
-    C = local.shape[-1]
-    # label planes: a view when the scores are label-major in memory, as the heads lay them out
-    planes = local.permute(3, 0, 1, 2).reshape(C, -1).index_select(1, index).float()
+    planes = filtered.label_planes(local).index_select(1, index).float()
     return planes.log_softmax(0).gather(0, labels.view(1, -1)).squeeze(0).exp()
 
 

@@ -115,7 +115,7 @@ def _inside_documents(flat, ends, lengths, row_size: int):
     return flat[ends[flat % row_size] < lengths[flat // row_size]]
 
 
-def _label_planes(scores: torch.Tensor) -> torch.Tensor:
+def label_planes(scores: torch.Tensor) -> torch.Tensor:
     """``[C, B * L * K]``: one plane per label (a view when, as the heads lay them out, the
     ``[B, L, K, C]`` scores are label-major in memory; a copy otherwise)."""
     return scores.permute(3, 0, 1, 2).reshape(scores.shape[-1], -1)
@@ -128,7 +128,7 @@ def _filter(
     null minus ``margin`` (with 0, those whose local argmax is not null), as flat grid indices
     (in grid order), and that best entity label."""
     B, L, K, C = local_scores.shape
-    planes = _label_planes(local_scores)
+    planes = label_planes(local_scores)
     # amax + a comparison over whole planes is several times faster than argmax over the label
     # axis on CPU; argmax then runs on the kept spans only. Ties go to null, as with argmax.
     null = planes[0] if not margin else planes[0] - margin
@@ -171,7 +171,7 @@ def inference_node_set(
     """The nodes of :func:`inference_nodes` as a :class:`NodeSet`, with their global scores
     (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``)."""
     index, labels = _filter(local_scores, lengths, margin)
-    scores = _label_planes(global_scores)[labels, index].float()
+    scores = label_planes(global_scores)[labels, index].float()
     return NodeSet(index, labels, scores, tuple(local_scores.shape[:3]))
 
 

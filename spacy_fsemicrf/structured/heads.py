@@ -264,11 +264,10 @@ class FilteredSemiCRFHead(nn.Module):
         if tokens is None:
             raise ValueError("a filtered head with mean_field > 0 needs the token vectors "
                              "(tokens=...) to score its nodes")
-        B, L, K, C = glob.shape
-        # the scores are label-major in memory (see _SpanScorer._score): gather label planes
-        unary = glob.permute(3, 0, 1, 2).reshape(C, -1).index_select(1, index).T.float()
-        features = node_features(tokens.float(), index, (B, L, K))
-        logits = self.refiner(unary, features, index, (B, L, K))
+        shape = tuple(glob.shape[:3])
+        unary = filtered.label_planes(glob).index_select(1, index).T.float()
+        features = node_features(tokens.float(), index, shape)
+        logits = self.refiner(unary, features, index, shape)
         return logits.gather(1, labels.unsqueeze(1)).squeeze(1)
 
     def forward(
