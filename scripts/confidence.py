@@ -16,8 +16,8 @@ loaded, so calibrated when the pipeline carries a map; ``spancat``: its
   gold entities, so it ends at the pipeline's recall) and the area under it (the sum of the
   precision at each threshold times the recall it adds);
 * for the fsemicrf_ner pipelines, the same figures for the raw scores, and on the dev set the
-  raw scores and the maps (Platt scaling, isotonic regression and the one the package selects
-  between them) fitted on one half of the documents and measured on the other, both ways
+  raw scores and the maps (Platt scaling, isotonic regression, a map each for entities seen
+  and unseen in training, and the one the package selects among them) fitted on one half of the documents and measured on the other, both ways
   round, as a check of the calibration method.
 
 spancat only reports the spans scoring above its own ``threshold`` (0.5 in the shipped
@@ -40,6 +40,8 @@ from spacy.tokens import Doc
 
 from spacy_fsemicrf.calibration import (
     apply_calibration,
+    entity_key,
+    fit_by_novelty,
     fit_calibration,
     fit_isotonic,
     fit_platt,
@@ -68,10 +70,14 @@ def scored_spans(nlp, doc: Doc) -> Tuple[List[Tuple[int, int, str]], numpy.ndarr
     raise ValueError("the pipeline has no fsemicrf_ner or spancat component")
 
 
-def outcomes(nlp, gold_docs: List[Doc]) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, int]:
-    """``(scores, correct, doc index, n_gold)`` of every scored entity of ``nlp`` on the tokens
-    of ``gold_docs``."""
-    scores, correct, doc_ids = [], [], []
+def outcomes(
+    nlp, gold_docs: List[Doc], seen_keys: Optional[numpy.ndarray] = None
+) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, int, numpy.ndarray]:
+    """``(scores, correct, doc index, n_gold, seen)`` of every scored entity of ``nlp`` on the
+    tokens of ``gold_docs``; seen: its text is among ``seen_keys`` (the training entities'
+    hashes; none seen without them)."""
+    keys = set() if seen_keys is None else set(seen_keys.tolist())
+    scores, correct, doc_ids, seen = [], [], [], []
     n_gold = 0
     inputs = (unannotated(doc) for doc in gold_docs)
     for i, (gold, doc) in enumerate(zip(gold_docs, nlp.pipe(inputs, batch_size=BATCH_SIZE))):
@@ -80,9 +86,10 @@ def outcomes(nlp, gold_docs: List[Doc]) -> Tuple[numpy.ndarray, numpy.ndarray, n
         spans, values = scored_spans(nlp, doc)
         scores.append(values)
         correct.extend(span in truth for span in spans)
+        seen.extend(entity_key(doc[start:end].text) in keys for start, end, _ in spans)
         doc_ids.extend([i] * len(spans))
     return (numpy.concatenate(scores) if scores else numpy.zeros(0), numpy.asarray(correct, bool),
-            numpy.asarray(doc_ids, dtype="int64"), n_gold)
+            numpy.asarray(doc_ids, dtype="int64"), n_gold, numpy.asarray(seen, bool))
 
 
 def reliability(scores: numpy.ndarray, correct: numpy.ndarray) -> List[Dict[str, float]]:
@@ -142,17 +149,22 @@ def summary(scores: numpy.ndarray, correct: numpy.ndarray, n_gold: int) -> Dict:
 # ----------------------------------------------------------------------------- methods
 
 
-def cross_fitted(raw: numpy.ndarray, correct: numpy.ndarray, doc_ids: numpy.ndarray, n_gold: int):
-    """Figures of the raw scores and of the maps (Platt scaling, isotonic regression, and the
-    one :func:`fit_calibration` selects) fitted on the even documents and applied to the odd
-    ones, and the reverse."""
+def cross_fitted(raw: numpy.ndarray, correct: numpy.ndarray, doc_ids: numpy.ndarray, n_gold: int,
+                 seen: numpy.ndarray):
+    """Figures of the raw scores and of the maps (Platt scaling, isotonic regression, a map
+    each for seen and unseen entities, and the one :func:`fit_calibration` selects) fitted on
+    the even documents and applied to the odd ones, and the reverse."""
     folds = doc_ids % 2
-    fits = {"platt": fit_platt, "isotonic": fit_isotonic, "selected": fit_calibration}
+    fits = {"platt": lambda r, c, s: fit_platt(r, c), "isotonic": lambda r, c, s: fit_isotonic(r, c),
+            "by_novelty": fit_by_novelty, "selected": fit_calibration}
+    if not seen.any():
+        del fits["by_novelty"]
     out = {"raw": raw.copy(), **{name: numpy.zeros_like(raw) for name in fits}}
     for k in (0, 1):
         fit, use = folds != k, folds == k
         for name, fit_map in fits.items():
-            out[name][use] = apply_calibration(fit_map(raw[fit], correct[fit]), raw[use])
+            fitted = fit_map(raw[fit], correct[fit], seen[fit] if seen.any() else None)
+            out[name][use] = apply_calibration(fitted, raw[use], seen[use])
     return {name: {k: v for k, v in summary(s, correct, n_gold).items()
                    if k not in ("reliability", "pr_curve")} for name, s in out.items()}
 
@@ -183,14 +195,14 @@ def evaluate(name: str, path: Path, splits: Dict[str, List[Doc]], spancat_thresh
                  "head": ner.model.attrs.get("arch"), "training": training}
         for split, docs in splits.items():
             ner.calibration = calibration
-            scores, correct, doc_ids, n_gold = outcomes(nlp, docs)
+            scores, correct, doc_ids, n_gold, _ = outcomes(nlp, docs)
             entry[split] = summary(scores, correct, n_gold)
             ner.calibration = None
-            raw, raw_correct, doc_ids, _ = outcomes(nlp, docs)
+            raw, raw_correct, doc_ids, _, seen = outcomes(nlp, docs, ner.seen_entities)
             entry[f"{split}_raw"] = {k: v for k, v in summary(raw, raw_correct, n_gold).items()
                                      if k not in ("reliability", "pr_curve")}
             if split == "dev":
-                entry["dev_methods"] = cross_fitted(raw, raw_correct, doc_ids, n_gold)
+                entry["dev_methods"] = cross_fitted(raw, raw_correct, doc_ids, n_gold, seen)
         ner.calibration = calibration
         results[name] = entry
     elif any(f.startswith("spancat") for f in factories):
@@ -203,7 +215,7 @@ def evaluate(name: str, path: Path, splits: Dict[str, List[Doc]], spancat_thresh
             entry = {"kind": "spancat", "path": str(path), "threshold": own if t is None else t,
                      "training": training}
             for split, docs in splits.items():
-                scores, correct, _, n_gold = outcomes(nlp, docs)
+                scores, correct, _, n_gold, _ = outcomes(nlp, docs)
                 entry[split] = summary(scores, correct, n_gold)
             results[name if t is None else f"{name} (threshold {t:g})"] = entry
     else:

@@ -1,23 +1,27 @@
-"""Calibrated entity confidences: a monotone map from a head's raw confidence to the
-probability that the entity is correct, fitted on held-out documents.
+"""Calibrated entity confidences: a map from a head's raw confidence to the probability that
+the entity is correct, fitted on held-out documents.
 
-Two kinds of map, and the fit picks one by cross-validation on the documents it is given
-(:func:`fit_calibration`), because neither suits every head: Platt scaling (a logistic function
-of the logit of the raw confidence, two parameters) fits the semi-CRFs' marginals, which pile
-up towards 1 with a roughly logistic relation to correctness; isotonic regression fits any
-non-decreasing shape, such as the filtered head's local probabilities, which stop short of 1
-when the head is trained with boundary smoothing (its targets put ``eps`` on null) and whose
-accuracy then rises steeply just below that ceiling. Both keep the order of the raw
-confidences, so thresholding a calibrated score is thresholding the raw one. The map is stored
-in the component's ``cfg`` (saved with the pipeline), so a loaded pipeline gives calibrated
-scores.
+Three kinds of map, and the fit picks one by cross-validation on the documents it is given
+(:func:`fit_calibration`), because none suits every head and corpus: Platt scaling (a logistic
+function of the logit of the raw confidence, two parameters) fits the semi-CRFs' marginals,
+which pile up towards 1 with a roughly logistic relation to correctness; isotonic regression
+fits any non-decreasing shape, such as the filtered head's local probabilities, which stop
+short of 1 when the head is trained with boundary smoothing (its targets put ``eps`` on null)
+and whose accuracy then rises steeply just below that ceiling; and one of those for entities
+whose text was an entity's text in the training data and one for the others
+(``by_novelty``): at the same raw confidence a name never seen in training is wrong more
+often, and new text has more unseen names than the development set. Each map keeps the order
+of the raw confidences (within seen and within unseen entities for ``by_novelty``). The map is
+stored in the component's ``cfg`` and the hashes of the training entities' texts next to the
+weights (saved with the pipeline), so a loaded pipeline gives calibrated scores.
 
 Fitting it:
 
 * during ``spacy train``, with the ``spacy-fsemicrf.calibrate.v1`` callback in
   ``[training.before_to_disk]``: every saved pipeline (``model-last``, hence ``model-best``)
   carries a map fitted on the dev corpus;
-* for a trained pipeline: ``python -m spacy_fsemicrf calibrate MODEL DEV.spacy``;
+* for a trained pipeline: ``python -m spacy_fsemicrf calibrate MODEL DEV.spacy`` (with
+  ``--train TRAIN.spacy`` for a pipeline saved before it recorded its training entities);
 * from Python: :func:`calibrate_component`.
 
 Only the documents given are read: fit on a development split, never on the test set. A few
@@ -32,6 +36,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 import numpy
 import spacy
 from spacy.language import Language
+from spacy.strings import hash_string
 from spacy.tokens import Doc, DocBin
 from spacy.util import minibatch, registry
 
@@ -42,31 +47,65 @@ PREDICT_BATCH = 64
 # Platt scaling reads the logit of raw confidences clipped this far from 0 and 1 (float32
 # probabilities: 1 - 1e-7 is about the largest one below 1).
 EPS = 1e-7
+# Seen and unseen entities get a map each only when each kind has at least this many entities
+# in the held-out documents: fewer, and the held-out comparison itself is noise.
+MIN_GROUP = 20
 
 
-def fit_calibration(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any]:
+def fit_calibration(
+    raw: numpy.ndarray, correct: numpy.ndarray, seen: Optional[numpy.ndarray] = None
+) -> Dict[str, Any]:
     """Fit the calibration map ``P(correct | raw)`` to held-out outcomes and return it as a
-    JSON-serializable dict: Platt scaling or isotonic regression, whichever predicts the
-    outcomes better (log-loss) when fitted on every other entity and measured on the rest,
-    both ways round; then refitted on all of them. ``selection`` records the two losses."""
+    JSON-serializable dict: Platt scaling, isotonic regression, or (given ``seen``, which
+    entities' text is an entity's text in the training data, and at least ``MIN_GROUP`` of
+    each kind) one map for seen and one for unseen entities; whichever predicts the outcomes
+    better (log-loss) when fitted on every other entity and measured on the rest, both ways
+    round; then refitted on all of them. ``selection`` records the losses."""
     raw = numpy.asarray(raw, dtype="float64").reshape(-1)
     correct = numpy.asarray(correct, dtype=bool).reshape(-1)
-    fits = {"platt": fit_platt, "isotonic": fit_isotonic}
-    losses = {name: _held_out_log_loss(fit, raw, correct) for name, fit in fits.items()}
-    best = min(losses, key=lambda name: (losses[name], name != "platt"))  # ties: fewer params
-    out = fits[best](raw, correct)
+    fits: Dict[str, Callable] = {"platt": fit_platt, "isotonic": fit_isotonic}
+    if seen is not None:
+        seen = numpy.asarray(seen, dtype=bool).reshape(-1)
+        if min(int(seen.sum()), int((~seen).sum())) >= MIN_GROUP:
+            fits["by_novelty"] = fit_by_novelty
+        else:
+            seen = None
+    losses = {name: _held_out_log_loss(fit, raw, correct, seen) for name, fit in fits.items()}
+    best = min(losses, key=lambda name: (losses[name], list(fits).index(name)))  # ties: simpler
+    out = fits[best](raw, correct, seen) if best == "by_novelty" else fits[best](raw, correct)
     out.update({"n_entities": int(raw.size), "n_correct": int(correct.sum()),
                 "selection": {name: round(value, 6) for name, value in losses.items()}})
     return out
 
 
-def _held_out_log_loss(fit: Callable, raw: numpy.ndarray, correct: numpy.ndarray) -> float:
+def fit_by_novelty(raw: numpy.ndarray, correct: numpy.ndarray, seen: numpy.ndarray) -> Dict[str, Any]:
+    """A map for the entities seen in training and one for the others, each fitted by
+    :func:`fit_calibration` on its own entities (on all of them where a kind has none).
+    Names never seen in training are wrong more often at the same raw confidence, and a test
+    set usually has more of them than the development set the map is fitted on: a map per kind
+    carries over to a share of new names that differs from the development set's."""
+    seen = numpy.asarray(seen, dtype=bool).reshape(-1)
+    maps = {}
+    for name, part in (("seen", seen), ("unseen", ~seen)):
+        part = part if part.any() else numpy.ones_like(part)
+        maps[name] = fit_calibration(raw[part], correct[part])
+    return {"method": "by_novelty", **maps}
+
+
+def _held_out_log_loss(
+    fit: Callable, raw: numpy.ndarray, correct: numpy.ndarray, seen: Optional[numpy.ndarray]
+) -> float:
     fold = numpy.arange(raw.size) % 2 == 0
     if fold.all() or not fold.any():
         return 0.0
     total = 0.0
     for use in (fold, ~fold):
-        p = numpy.clip(apply_calibration(fit(raw[~use], correct[~use]), raw[use]), 1e-6, 1 - 1e-6)
+        if fit is fit_by_novelty:
+            fitted = fit(raw[~use], correct[~use], seen[~use])
+        else:
+            fitted = fit(raw[~use], correct[~use])
+        p = apply_calibration(fitted, raw[use], None if seen is None else seen[use])
+        p = numpy.clip(p, 1e-6, 1 - 1e-6)
         total -= float(numpy.sum(numpy.where(correct[use], numpy.log(p), numpy.log1p(-p))))
     return total / raw.size
 
@@ -146,11 +185,24 @@ def fit_isotonic(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any]:
     return {"method": "isotonic", "x": at[last].tolist(), "y": numpy.round(scores[last], 6).tolist()}
 
 
-def apply_calibration(calibration: Optional[Dict[str, Any]], raw: numpy.ndarray) -> numpy.ndarray:
-    """The calibrated confidences (float32) of the ``raw`` ones; ``raw`` itself without a map."""
+def apply_calibration(
+    calibration: Optional[Dict[str, Any]], raw: numpy.ndarray, seen: Optional[numpy.ndarray] = None
+) -> numpy.ndarray:
+    """The calibrated confidences (float32) of the ``raw`` ones; ``raw`` itself without a map.
+    A ``by_novelty`` map needs ``seen``: which entities' text is an entity's text in the
+    training data (:func:`seen_flags`)."""
     raw = numpy.asarray(raw, dtype="float32")
     if not calibration or raw.size == 0:
         return raw
+    if calibration["method"] == "by_novelty":
+        if seen is None:
+            raise ValueError("A by_novelty calibration map needs to know which entities were "
+                             "seen in training (seen=...).")
+        seen = numpy.asarray(seen, dtype=bool).reshape(raw.shape)
+        out = numpy.empty(raw.shape, dtype="float32")
+        out[seen] = apply_calibration(calibration["seen"], raw[seen])
+        out[~seen] = apply_calibration(calibration["unseen"], raw[~seen])
+        return out
     if calibration["method"] == "platt":
         z = calibration["slope"] * _logit(raw) + calibration["intercept"]
         return (0.5 * (1.0 + numpy.tanh(0.5 * z))).astype("float32")  # sigmoid, overflow-free
@@ -159,11 +211,41 @@ def apply_calibration(calibration: Optional[Dict[str, Any]], raw: numpy.ndarray)
     return numpy.interp(raw, calibration["x"], calibration["y"]).astype("float32")
 
 
+def needs_novelty(calibration: Optional[Dict[str, Any]]) -> bool:
+    """Whether applying ``calibration`` needs to know which entities were seen in training."""
+    return bool(calibration) and calibration["method"] == "by_novelty"
+
+
+def entity_key(text: str) -> int:
+    """The 64-bit hash that stands for an entity's text in a set of seen entities."""
+    return hash_string(text)
+
+
+def seen_flags(docs: List[Doc], rows: numpy.ndarray, seen_keys: numpy.ndarray) -> numpy.ndarray:
+    """For each entity row ``(doc, start, end inclusive, label)`` of ``docs``: whether its text
+    is one of ``seen_keys`` (sorted :func:`entity_key` hashes)."""
+    keys = numpy.fromiter(
+        (entity_key(docs[i][start:end + 1].text) for i, start, end, _ in rows.tolist()),
+        dtype="uint64", count=len(rows),
+    )
+    if not seen_keys.size:
+        return numpy.zeros(len(rows), dtype=bool)
+    at = numpy.minimum(numpy.searchsorted(seen_keys, keys), seen_keys.size - 1)
+    return seen_keys[at] == keys
+
+
 def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
     """``calibration`` if it is None or a valid map, else a ``ValueError`` saying why."""
     if calibration is None:
         return None
     try:
+        if calibration["method"] == "by_novelty":
+            parts = [calibration["seen"], calibration["unseen"]]
+            if any(part["method"] == "by_novelty" for part in parts):
+                raise ValueError("nested")
+            for part in parts:
+                check_calibration(part)
+            return calibration
         if calibration["method"] == "platt":
             slope, intercept = float(calibration["slope"]), float(calibration["intercept"])
             ok = math.isfinite(slope) and math.isfinite(intercept) and slope >= 0
@@ -181,8 +263,9 @@ def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
     if not ok:
         raise ValueError(
             "A calibration map is a dict with method 'platt' (a finite slope >= 0 and a finite "
-            "intercept) or 'isotonic' (knots 'x', increasing, and their scores 'y', "
-            f"non-decreasing, in [0, 1]), got {calibration!r}"
+            "intercept), 'isotonic' (knots 'x', increasing, and their scores 'y', "
+            "non-decreasing, in [0, 1]) or 'by_novelty' (a 'platt' or 'isotonic' map under "
+            f"'seen' and one under 'unseen'), got {calibration!r}"
         )
     return calibration
 
@@ -202,25 +285,29 @@ def unannotated(doc: Doc) -> Doc:
 
 def raw_outcomes(
     nlp: Language, component: str, gold_docs: Iterable[Doc]
-) -> Tuple[numpy.ndarray, numpy.ndarray]:
-    """``(raw confidences, correct)`` of every entity ``component`` predicts on the tokens of
-    ``gold_docs`` (before any threshold), correct when its span and label are a gold entity."""
+) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+    """``(raw confidences, correct, seen)`` of every entity ``component`` predicts on the
+    tokens of ``gold_docs`` (before any threshold): correct when its span and label are a gold
+    entity, seen when its text is an entity's text in the component's training data."""
     pipe = nlp.get_pipe(component)
     before = nlp.pipe_names[: nlp.pipe_names.index(component)]
     raws: List[numpy.ndarray] = []
+    seen: List[numpy.ndarray] = []
     correct: List[bool] = []
     for batch in minibatch(list(gold_docs), PREDICT_BATCH):
         with nlp.select_pipes(enable=before):
             docs = list(nlp.pipe(unannotated(doc) for doc in batch))
         out = pipe.predict(docs)
         raws.append(out.scores)
+        seen.append(seen_flags(docs, out.spans, pipe.seen_entities))
         labels = pipe.labels
         gold = [{(e.start, e.end - 1, e.label_) for e in doc.ents} for doc in batch]
         correct.extend(
             (start, end, labels[label - 1]) in gold[i] for i, start, end, label in out.spans.tolist()
         )
-    raw = numpy.concatenate(raws) if raws else numpy.zeros((0,), dtype="float32")
-    return raw, numpy.asarray(correct, dtype=bool)
+    if not raws:
+        return numpy.zeros((0,), dtype="float32"), numpy.zeros((0,), dtype=bool), numpy.zeros((0,), dtype=bool)
+    return numpy.concatenate(raws), numpy.asarray(correct, dtype=bool), numpy.concatenate(seen)
 
 
 def calibrate_component(nlp: Language, component: str, gold_docs: Iterable[Doc]) -> Dict[str, Any]:
@@ -229,11 +316,11 @@ def calibrate_component(nlp: Language, component: str, gold_docs: Iterable[Doc])
     pipe = nlp.get_pipe(component)
     if not hasattr(pipe, "calibration"):
         raise ValueError(f"'{component}' is not an fsemicrf_ner component")
-    raw, correct = raw_outcomes(nlp, component, gold_docs)
+    raw, correct, seen = raw_outcomes(nlp, component, gold_docs)
     if raw.size == 0:
         logger.warning("%s: no predicted entities to calibrate on; the map is unchanged", component)
         return pipe.calibration
-    pipe.calibration = fit_calibration(raw, correct)
+    pipe.calibration = fit_calibration(raw, correct, seen if pipe.seen_entities.size else None)
     return pipe.calibration
 
 
@@ -259,7 +346,8 @@ def make_calibrate_callback(
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m spacy_fsemicrf calibrate MODEL DEV.spacy [--output DIR] [--component NAME]``:
+    """``python -m spacy_fsemicrf calibrate MODEL DEV.spacy [--output DIR] [--component NAME]
+    [--train TRAIN.spacy]``:
     fit the calibration map of a trained pipeline on a development corpus and save the
     pipeline (in place unless ``--output`` is given)."""
     parser = argparse.ArgumentParser(
@@ -271,6 +359,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("dev", type=Path, help="held-out documents with gold entities (.spacy)")
     parser.add_argument("--output", type=Path, default=None, help="where to save (default: MODEL)")
     parser.add_argument("--component", default=None, help="the fsemicrf_ner component's name")
+    parser.add_argument("--train", type=Path, default=None,
+                        help="the training corpus (.spacy): record the entity texts seen in "
+                        "training, for a pipeline trained before the component recorded them")
     args = parser.parse_args(argv)
     output = args.output if args.output is not None else Path(args.model)
     if args.output is None and not output.is_dir():
@@ -281,6 +372,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         names = [args.component]
     if len(names) != 1:
         parser.error(f"name the component to calibrate with --component (found {names})")
+    if args.train is not None:
+        nlp.get_pipe(names[0]).record_seen_entities(read_docs(args.train, nlp.vocab))
     fitted = calibrate_component(nlp, names[0], read_docs(args.dev, nlp.vocab))
     nlp.to_disk(output)
     print(f"{names[0]}: calibration map ({fitted['method']}) fitted on {fitted['n_entities']} "

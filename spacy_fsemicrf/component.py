@@ -14,9 +14,11 @@ them are left out of ``doc.ents``, and every other token without entity informat
 """
 import logging
 import math
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy
+import srsly
 import torch
 from spacy.language import Language
 from spacy.pipeline import TrainablePipe
@@ -28,7 +30,7 @@ from thinc.api import Config, Model, Optimizer, set_dropout_rate
 
 from . import architectures  # noqa: F401  (registers the architectures)
 from .architectures import ModelInput, model_is_initialized, model_nbest, model_torch_head
-from .calibration import apply_calibration, check_calibration
+from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
 from .doc_constraints import check_constraints, constraints_of_docs
 from .scorer import ner_score
 from .structured.constraints import Constraint, constraints_to_dicts
@@ -38,6 +40,7 @@ from .structured.prediction import DecodeOptions
 logger = logging.getLogger("spacy_fsemicrf")
 
 DEFAULT_SPANS_KEY = "fsemicrf"
+SEEN_ENTITIES = "seen_entities"  # serialization key of FSemiCRFEntityRecognizer.seen_entities
 
 # The pipeline's defaults, in one place: the model block of each head on spaCy's small CNN
 # tok2vec. The factory uses the filtered head's; the others are for
@@ -201,6 +204,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self._warned_uncalibrated = False
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
+        self.seen_entities = numpy.zeros((0,), dtype="uint64")
+        """Sorted hashes (:func:`.calibration.entity_key`) of the texts of the gold entities
+        given to :meth:`initialize`: a ``by_novelty`` calibration map scores the entities
+        whose text is among them apart from the others."""
         self.widest_dropped = 0
 
     # Labels -----------------------------------------------------------------------------------
@@ -330,8 +337,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         sample: List[Doc] = []
         found = set()
         n_ents = n_wide = widest = 0
+        seen = set()  # the texts of the gold entities
         for eg in get_examples():
             for ent in eg.reference.ents:
+                seen.add(ent.text)
                 found.add(ent.label_)
                 n_ents += 1
                 if len(ent) > self.max_width:
@@ -370,9 +379,18 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             )
         self.n_wide_dropped = self.widest_dropped = 0
         self.calibration = None  # a new model: the scores need a new map
+        self._set_seen(seen)
         self.constraints = self.constraints  # now that the labels are known, check them
         self.model.set_dim("nO", len(self.labels), force=True)
         self.model.initialize(X=ModelInput(sample))
+
+    def record_seen_entities(self, docs: Iterable[Doc]) -> None:
+        """Remember the texts of the gold entities of ``docs`` (the training data) as
+        :attr:`seen_entities`, replacing those recorded before."""
+        self._set_seen(ent.text for doc in docs for ent in doc.ents)
+
+    def _set_seen(self, texts: Iterable[str]) -> None:
+        self.seen_entities = numpy.unique(numpy.fromiter(map(entity_key, texts), dtype="uint64"))
 
     # Training ---------------------------------------------------------------------------------
 
@@ -521,7 +539,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 "set: python -m spacy_fsemicrf calibrate MODEL DEV.spacy",
                 self.name, self.spans_key,
             )
-        scores = apply_calibration(self.calibration, prediction.scores)
+        scores = apply_calibration(self.calibration, prediction.scores,
+                                   self._seen(docs, prediction.spans))
         entities = prediction.spans
         if self._threshold > 0:
             keep = scores >= self._threshold
@@ -541,12 +560,16 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             set_entities(doc, ents)
         if self._candidates_key is not None:
             rows, raw = prediction.candidates
-            cand_scores = apply_calibration(self.calibration, raw)
+            cand_scores = apply_calibration(self.calibration, raw, self._seen(docs, rows))
             bounds = _doc_bounds(rows, len(docs))
             for i, doc in enumerate(docs):
                 _, group = self._span_group(doc, bounds[i:i + 2], self._candidates_key, rows,
                                             cand_scores, labels)
                 doc.spans[self._candidates_key] = group
+
+    def _seen(self, docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:
+        """Which entity ``rows`` were seen in training, where the calibration map asks."""
+        return seen_flags(docs, rows, self.seen_entities) if needs_novelty(self.calibration) else None
 
     def nbest(self, doc: Doc, k: int) -> List[SpanGroup]:
         """The ``k`` best segmentations of ``doc`` (a document the pipeline has run on, so
@@ -589,21 +612,51 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     # Serialization ----------------------------------------------------------------------------
 
+    # The seen entities' hashes go next to cfg, vocab and model as raw little-endian uint64
+    # (read back with numpy.frombuffer: no code runs). A pipeline saved without them loads
+    # with none.
+
+    def to_disk(self, path, *, exclude=SimpleFrozenList()):
+        super().to_disk(path, exclude=exclude)
+        if SEEN_ENTITIES not in exclude:
+            (Path(path) / SEEN_ENTITIES).write_bytes(self._seen_bytes())
+
     def from_disk(self, path, *, exclude=SimpleFrozenList()):
         try:
             super().from_disk(path, exclude=exclude)
         except ValueError as err:
             raise self._load_error(err, str(path)) from err
+        seen = Path(path) / SEEN_ENTITIES
+        if SEEN_ENTITIES not in exclude and seen.exists():
+            self._load_seen(seen.read_bytes())
         self._check_loaded()
         return self
+
+    def to_bytes(self, *, exclude=SimpleFrozenList()):
+        msg = srsly.msgpack_loads(super().to_bytes(exclude=exclude))
+        if SEEN_ENTITIES not in exclude:
+            msg[SEEN_ENTITIES] = self._seen_bytes()
+        return srsly.msgpack_dumps(msg)
 
     def from_bytes(self, bytes_data, *, exclude=SimpleFrozenList()):
         try:
             super().from_bytes(bytes_data, exclude=exclude)
         except ValueError as err:
             raise self._load_error(err, "bytes") from err
+        msg = srsly.msgpack_loads(bytes_data)
+        if SEEN_ENTITIES not in exclude and SEEN_ENTITIES in msg:
+            self._load_seen(msg[SEEN_ENTITIES])
         self._check_loaded()
         return self
+
+    def _seen_bytes(self) -> bytes:
+        return self.seen_entities.astype("<u8").tobytes()
+
+    def _load_seen(self, data: bytes) -> None:
+        if len(data) % 8:
+            raise ValueError(f"Cannot load the '{self.name}' component: its {SEEN_ENTITIES} "
+                             f"data is not a list of 64-bit hashes ({len(data)} bytes).")
+        self.seen_entities = numpy.frombuffer(data, dtype="<u8").astype("uint64")
 
     def _load_error(self, err: Exception, source: str) -> Exception:
         msg = str(err)

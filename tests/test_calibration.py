@@ -8,6 +8,7 @@ to_disk and spacy.load; the training callback on a tiny corpus.
 import importlib.util
 import logging
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Dict, Tuple
 
@@ -23,14 +24,18 @@ from spacy.tokens import DocBin
 
 from spacy_fsemicrf import calibration
 from spacy_fsemicrf.calibration import (
+    MIN_GROUP,
     apply_calibration,
     calibrate_component,
     check_calibration,
+    entity_key,
+    fit_by_novelty,
     fit_calibration,
     fit_isotonic,
     fit_platt,
     make_calibrate_callback,
     raw_outcomes,
+    seen_flags,
 )
 from spacy_fsemicrf.structured.confidences import CANDIDATE_FLOOR
 from spacy_fsemicrf.structured.prediction import DecodeOptions
@@ -284,6 +289,83 @@ def test_the_maps_on_small_or_odd_data():
             check_calibration(bad)
 
 
+def _novelty_outcomes(n: int = 20_000, seed: int = 0, same: bool = False):
+    """Half the entities seen in training, right as often as their raw score says; the unseen
+    ones right half as often (unless ``same``)."""
+    rng = numpy.random.default_rng(seed)
+    raw = 1 / (1 + numpy.exp(-rng.normal(1.0, 2.0, n)))
+    seen = rng.random(n) < 0.5
+    truth = numpy.where(seen | same, raw, 0.5 * raw)
+    return raw, rng.random(n) < truth, seen
+
+
+def test_a_map_each_for_seen_and_unseen_entities_when_they_differ():
+    raw, correct, seen = _novelty_outcomes()
+    fitted = check_calibration(fit_calibration(raw, correct, seen))
+    assert fitted["method"] == "by_novelty"
+    assert fitted["selection"]["by_novelty"] == min(fitted["selection"].values())
+    grid = numpy.linspace(0.1, 0.9, 9)
+    for flag, truth in ((True, grid), (False, 0.5 * grid)):
+        out = apply_calibration(fitted, grid, numpy.full(grid.shape, flag))
+        numpy.testing.assert_allclose(out, truth, atol=0.05)
+        part = seen == flag  # each map is the fit of its own entities
+        assert apply_calibration(fitted, grid, numpy.full(grid.shape, flag)).tolist() == \
+            apply_calibration(fit_calibration(raw[part], correct[part]), grid).tolist()
+    mixed = numpy.array([True, False, True, False])
+    values = numpy.array([0.2, 0.2, 0.8, 0.8])
+    by_hand = [apply_calibration(fitted["seen" if f else "unseen"], numpy.array([v]))[0]
+               for f, v in zip(mixed, values)]
+    assert apply_calibration(fitted, values, mixed).tolist() == by_hand
+    with pytest.raises(ValueError, match="seen in training"):
+        apply_calibration(fitted, values)
+    assert fit_calibration(raw, correct)["method"] in ("platt", "isotonic")  # no flags: one map
+    # with the same accuracy on both kinds the selection is a toss-up, and harmless: whichever
+    # wins gives both kinds the same scores
+    raw, correct, seen = _novelty_outcomes(same=True)
+    fitted = fit_calibration(raw, correct, seen)
+    assert max(fitted["selection"].values()) - min(fitted["selection"].values()) < 0.005
+    both = [apply_calibration(fitted, grid, numpy.full(grid.shape, flag)) for flag in (True, False)]
+    numpy.testing.assert_allclose(both[0], both[1], atol=0.03)
+    numpy.testing.assert_allclose(both[0], grid, atol=0.03)
+
+
+def test_a_map_per_kind_needs_enough_entities_of_each():
+    raw, correct, seen = _novelty_outcomes(n=4_000)
+    few = seen & (numpy.cumsum(seen) > MIN_GROUP - 1)  # all but MIN_GROUP - 1 of the seen
+    seen_few = seen.copy()
+    seen_few[few] = False
+    assert seen_few.sum() == MIN_GROUP - 1
+    fitted = fit_calibration(raw, correct, seen_few)
+    assert "by_novelty" not in fitted["selection"]
+    seen_enough = seen.copy()
+    seen_enough[seen & (numpy.cumsum(seen) > MIN_GROUP)] = False
+    assert "by_novelty" in fit_calibration(raw, correct, seen_enough)["selection"]
+    # a kind with no entity at all (possible in one half of the held-out comparison) gets the
+    # map of all of them
+    lone = fit_by_novelty(raw, correct, numpy.zeros(raw.shape, bool))
+    assert lone["seen"] == lone["unseen"] == fit_calibration(raw, correct)
+    for bad in ({"method": "by_novelty", "seen": {"method": "platt", "slope": 1.0, "intercept": 0.0}},
+                {"method": "by_novelty", "seen": lone, "unseen": lone},
+                {"method": "by_novelty", "seen": {"method": "platt", "slope": -1.0, "intercept": 0.0},
+                 "unseen": {"method": "platt", "slope": 1.0, "intercept": 0.0}}):
+        with pytest.raises(ValueError, match="calibration map"):
+            check_calibration(bad)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from(["Paris", "Rome", "New", "York", "New York", "x"]), min_size=1,
+                max_size=8), st.sets(st.sampled_from(["Paris", "New York", "York", "Rome x"])),
+       st.data())
+def test_seen_flags_is_set_membership_of_the_entity_texts(words, known, data):
+    doc = spacy.blank("en").make_doc(" ".join(words))
+    n = len(doc)
+    rows = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=6))
+    rows = numpy.array([[0, min(a, b), max(a, b), 1] for a, b in rows], dtype="int64").reshape(-1, 4)
+    keys = numpy.unique(numpy.array([entity_key(t) for t in known], dtype="uint64"))
+    expected = [doc[s:e + 1].text in known for _, s, e, _ in rows.tolist()]
+    assert seen_flags([doc], rows, keys).tolist() == expected
+
+
 # ----------------------------------------------------------------------------- the pipeline
 
 
@@ -336,10 +418,10 @@ def test_the_fit_uses_only_the_documents_given(small_nlp, tmp_path):
     nlp = _copy(small_nlp, tmp_path)
     gold = [eg.reference for eg in make_examples(nlp)]
     first, second = gold[:4], gold[4:]
-    raw, correct = raw_outcomes(nlp, "fsemicrf_ner", first)
-    assert calibrate_component(nlp, "fsemicrf_ner", first) == fit_calibration(raw, correct)
-    raw2, correct2 = raw_outcomes(nlp, "fsemicrf_ner", second)
-    assert calibrate_component(nlp, "fsemicrf_ner", second) == fit_calibration(raw2, correct2)
+    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", first)
+    assert calibrate_component(nlp, "fsemicrf_ner", first) == fit_calibration(raw, correct, seen)
+    raw2, correct2, seen2 = raw_outcomes(nlp, "fsemicrf_ner", second)
+    assert calibrate_component(nlp, "fsemicrf_ner", second) == fit_calibration(raw2, correct2, seen2)
     # the outcomes are the gold entities' exact matches
     n_gold = sum(len(doc.ents) for doc in first)
     assert correct.sum() <= min(n_gold, raw.size)
@@ -431,6 +513,61 @@ def test_a_pipeline_without_a_map_gives_raw_scores_and_warns_once(small_nlp, tmp
     assert _ents(docs[:-1]) == _ents(expected)
 
 
+NOVELTY_MAP = {"method": "by_novelty",  # seen entities score 0.9, unseen ones 0.2
+               "seen": {"method": "isotonic", "x": [0.5], "y": [0.9]},
+               "unseen": {"method": "isotonic", "x": [0.5], "y": [0.2]}}
+NEW_NAMES = ["Laura Palmer met Zoe Quill in Berlin .", "Kevin Smythe flew to Oslo .",
+             "Apple hired Anna Lee in Paris ."]
+
+
+def test_the_training_entities_are_recorded_and_saved(small_nlp, tmp_path):
+    ner = small_nlp.get_pipe("fsemicrf_ner")
+    texts = {small_nlp.make_doc(t).char_span(a, b).text for t, ents in TRAIN_DATA for a, b, _ in ents}
+    assert ner.seen_entities.tolist() == sorted({entity_key(t) for t in texts})
+    small_nlp.to_disk(tmp_path / "saved")
+    assert (tmp_path / "saved" / "fsemicrf_ner" / "seen_entities").stat().st_size == 8 * len(texts)
+    for loaded in (spacy.load(tmp_path / "saved").get_pipe("fsemicrf_ner"),
+                   spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": model_config()})
+                   .from_bytes(ner.to_bytes())):
+        assert loaded.seen_entities.tolist() == ner.seen_entities.tolist()
+    fresh = spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": model_config()})
+    fresh.from_bytes(ner.to_bytes(exclude=["seen_entities"]))
+    assert fresh.seen_entities.size == 0
+    (tmp_path / "saved" / "fsemicrf_ner" / "seen_entities").unlink()  # saved before they were
+    assert spacy.load(tmp_path / "saved").get_pipe("fsemicrf_ner").seen_entities.size == 0
+    (tmp_path / "saved" / "fsemicrf_ner" / "seen_entities").write_bytes(b"12345")
+    with pytest.raises(ValueError, match="64-bit hashes"):
+        spacy.load(tmp_path / "saved")
+    ner2 = _copy(small_nlp, tmp_path).get_pipe("fsemicrf_ner")
+    ner2.record_seen_entities([small_nlp.make_doc("Zoe Quill")])
+    assert ner2.seen_entities.size == 0  # a doc without entities: nothing seen
+    docs = [eg.reference for eg in make_examples(small_nlp)][:2]
+    ner2.record_seen_entities(docs)
+    assert ner2.seen_entities.tolist() == sorted({entity_key(e.text) for d in docs for e in d.ents})
+
+
+def test_a_map_by_novelty_scores_seen_and_unseen_entities_apart(small_nlp, tmp_path):
+    nlp = _copy(small_nlp, tmp_path, candidates_key="cands", filter_margin=2.0)
+    ner = nlp.get_pipe("fsemicrf_ner")
+    seen_texts = {e.text for eg in make_examples(nlp) for e in eg.reference.ents}
+    raw_docs = list(nlp.pipe(NEW_NAMES + [t for t, _ in TRAIN_DATA]))
+    ner.calibration = NOVELTY_MAP
+    docs = list(nlp.pipe(NEW_NAMES + [t for t, _ in TRAIN_DATA]))
+    assert _ents(docs) == _ents(raw_docs)
+    found = Counter()
+    for doc in docs:
+        for key in ("fsemicrf", "cands"):
+            group = doc.spans[key]
+            expected = [0.9 if span.text in seen_texts else 0.2 for span in group]
+            found.update(expected)
+            assert group.attrs["scores"].tolist() == pytest.approx(expected)
+    assert found[0.9] and found[0.2]
+    nlp.to_disk(tmp_path / "novelty")
+    again = list(spacy.load(tmp_path / "novelty").pipe(NEW_NAMES))
+    for doc, other in zip(docs, again):
+        assert other.spans["fsemicrf"].attrs["scores"].tolist() == doc.spans["fsemicrf"].attrs["scores"].tolist()
+
+
 def test_the_training_callback_fits_on_the_dev_path_only(tmp_path, monkeypatch):
     nlp = spacy.blank("en")
     train_path = write_corpus(tmp_path / "train.spacy", nlp, repeat=2)
@@ -475,6 +612,12 @@ def test_the_command_calibrates_a_saved_pipeline(small_nlp, tmp_path, capsys):
     assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is not None
     with pytest.raises(SystemExit):
         calibration.main(["no_such_package", str(dev)])
+    # --train records the training entities of a pipeline saved without them
+    (tmp_path / "model" / "fsemicrf_ner" / "seen_entities").unlink()
+    train_docs = write_corpus(tmp_path / "train.spacy", small_nlp)
+    calibration.main([str(tmp_path / "model"), str(dev), "--train", str(train_docs)])
+    expected = small_nlp.get_pipe("fsemicrf_ner").seen_entities.tolist()
+    assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").seen_entities.tolist() == expected
 
 
 def _confidence_script():
