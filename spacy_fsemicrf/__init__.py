@@ -17,6 +17,9 @@ try:
 except ImportError:  # the structured layer alone, for research use without spaCy
     pass
 else:
+    from .msgpack_lookups import remember_msgpack_lookups
+
+    remember_msgpack_lookups()  # every process that may hold a pipeline, before it forks
     from .architectures import ModelInput, build_filtered_semicrf, build_linear_crf, build_semicrf
     from .component import DEFAULT_MODELS, FSemiCRFEntityRecognizer, make_fsemicrf_ner
     from .scorer import make_ner_scorer, ner_score

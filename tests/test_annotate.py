@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy
 import pytest
 import spacy
-from spacy.tokens import DocBin
+from spacy.tokens import Doc, DocBin
 
 pytest.importorskip("distributed")
 
@@ -287,24 +288,60 @@ def test_a_failed_shard_write_leaves_nothing(tmp_path):
 
 
 
-def test_msgpack_entry_points_resolved_once_keep_every_encoder(trained_nlp):
-    """A registry's entry-point functions are registered directly and the lookups stop; srsly's
-    own registries then write a document's bytes exactly as before."""
+def test_a_shard_docbin_is_the_docbin_of_its_documents(trained_nlp):
+    """shard_docbin builds, column by column, what DocBin.add builds token by token: the same
+    strings, token columns, spaces, flags, cats, user data and span groups."""
+    from spacy.tokens import Span
+
+    from spacy_fsemicrf.annotate.shards import shard_docbin
+
+    docs = list(trained_nlp.pipe(["John Smith works for Google in Paris .", "Mary flew to Berlin .",
+                                  "Nobody said anything .", ""]))
+    docs[0][0].tag_, docs[0][1].lemma_, docs[0][2].dep_ = "NNP", "smith", "nsubj"
+    docs[0][0].set_morph("Number=Sing")
+    docs[0][3].ent_kb_id_ = "Q42"
+    docs[1].user_data["id"], docs[2].cats = "doc-1", {"NEWS": 1.0}
+    docs[2].spans["sc"] = [Span(docs[2], 0, 2, label="THING", kb_id="Q1", span_id="first")]
+    expected, built = DocBin(store_user_data=True, docs=docs), shard_docbin(docs)
+    assert built.strings == expected.strings and "Q42" in built.strings and "THING" in built.strings
+    for field in ("tokens", "spaces"):
+        for mine, theirs in zip(getattr(built, field), getattr(expected, field)):
+            assert mine.dtype == theirs.dtype and numpy.array_equal(mine, theirs)
+    for field in ("flags", "cats", "user_data", "span_groups"):
+        assert getattr(built, field) == getattr(expected, field)
+    back = [DocBin().from_bytes(b.to_bytes()).get_docs(trained_nlp.vocab) for b in (built, expected)]
+    assert [d.to_json() for d in back[0]] == [d.to_json() for d in back[1]]
+    assert shard_docbin([]).to_bytes() == DocBin(store_user_data=True).to_bytes()
+
+
+def test_msgpack_lookups_remembered_keep_every_encoder(trained_nlp):
+    """A registry's entry-point functions are registered directly and its contents remembered
+    until something new is registered; srsly's own registries then write a document's bytes
+    exactly as before."""
     import catalogue
 
-    from spacy_fsemicrf.annotate.engine import resolve_msgpack_entry_points
+    from spacy_fsemicrf.msgpack_lookups import remember_msgpack_lookups
 
     registry = catalogue.create("fsemicrf_test", "msgpack_encoders", entry_points=True)
     encoder = lambda obj, chain=None: obj  # noqa: E731
     registry.get_entry_points = lambda: {"from_a_package": encoder}
-    resolve_msgpack_entry_points((registry,))
+    remember_msgpack_lookups((registry,))
+    remember_msgpack_lookups((registry,))  # a second call changes nothing
     assert not registry.entry_points and registry.get_all() == {"from_a_package": encoder}
+    registry.get_all()["changed by a caller"] = None
+    assert registry.get_all() == {"from_a_package": encoder}
+    later = lambda obj, chain=None: obj  # noqa: E731
+    registry.register("registered_later", func=later)
+    assert registry.get_all() == {"from_a_package": encoder, "registered_later": later}
 
     doc = trained_nlp("John Smith works for Google in Paris .")
     doc.user_data["id"] = "doc-1"
     before = DocBin(store_user_data=True, docs=[doc]).to_bytes()
-    resolve_msgpack_entry_points()
+    doc_bytes = doc.to_bytes()
+    remember_msgpack_lookups()
     assert DocBin(store_user_data=True, docs=[doc]).to_bytes() == before
+    assert doc.to_bytes() == doc_bytes
+    assert Doc(trained_nlp.vocab).from_bytes(doc_bytes).to_json() == doc.to_json()
 
 
 def test_the_module_command_dispatches(capsys):

@@ -22,6 +22,7 @@ import spacy
 from spacy.language import Language
 from tqdm import tqdm
 
+from ..msgpack_lookups import remember_msgpack_lookups
 from .inputs import DEFAULT_SHARD_SIZE, AnnotateError, Shard, plan_shards, read_shard
 from .shards import (entity_records, finished_shards, merge_entities, prepare_output,
                      remove_temporary, score_keys, write_shard)
@@ -62,32 +63,11 @@ class Summary:
         return self.docs / self.seconds if self.seconds else float("inf")
 
 
-def resolve_msgpack_entry_points(registries: Optional[Tuple[Any, ...]] = None) -> None:
-    """Register srsly's msgpack encoders and decoders that come from package entry points
-    directly, and stop looking them up.
-
-    srsly reads its catalogue registries of msgpack encoders on every call, and with
-    ``entry_points = True`` each read scans every entry point of the environment: about 0.1 ms
-    a call against 0.2 us for msgpack itself, and writing a document to a ``DocBin`` takes
-    three calls (its user data, its span groups, each group). Loading the entry points once
-    keeps the same encoders and decoders for the life of the worker. ``registries``: catalogue
-    registries to resolve instead of srsly's two."""
-    if registries is None:
-        from srsly.msgpack import msgpack_decoders, msgpack_encoders
-
-        registries = (msgpack_encoders, msgpack_decoders)
-    for registry in registries:
-        if registry.entry_points:
-            for name, func in registry.get_entry_points().items():
-                registry.register(name, func=func)
-            registry.entry_points = False
-
-
 def load_pipeline(model: str) -> Language:
     """The pipeline ``model`` (a path or an installed package), loaded once in this process."""
     with _LOAD_LOCK:
         if model not in _PIPELINES:
-            resolve_msgpack_entry_points()
+            remember_msgpack_lookups()
             try:
                 _PIPELINES[model] = spacy.load(model)
             except Exception as err:  # a missing model is an OSError, a broken one anything
