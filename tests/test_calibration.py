@@ -584,9 +584,11 @@ def test_the_training_callback_fits_on_the_dev_path_only(tmp_path, monkeypatch):
     train(CONFIGS / "fsemicrf_cnn.cfg", tmp_path / "out", overrides=overrides)
     assert str(tmp_path / "test.spacy") not in read
     assert read.count(str(dev_path)) >= 1
+    train_texts = {e.text for d in DocBin().from_disk(train_path).get_docs(nlp.vocab) for e in d.ents}
     for name in ("model-last", "model-best"):
-        fitted = spacy.load(tmp_path / "out" / name).get_pipe("fsemicrf_ner").calibration
-        assert fitted is not None and fitted["n_entities"] > 0
+        ner = spacy.load(tmp_path / "out" / name).get_pipe("fsemicrf_ner")
+        assert ner.calibration is not None and ner.calibration["n_entities"] > 0
+        assert ner.seen_entities.tolist() == sorted({entity_key(t) for t in train_texts})
 
 
 def test_the_callback_reads_its_file_once(small_nlp, tmp_path, monkeypatch):
