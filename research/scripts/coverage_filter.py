@@ -10,14 +10,22 @@ nodes and at each ``tau``.
 """
 import argparse
 import json
-import numpy, torch, spacy
+
+import spacy
+import torch
 from spacy.tokens import Doc, DocBin
+
 from spacy_fsemicrf.structured import filtered
+
 torch.set_num_threads(1)
-orig = filtered._filter
+ORIGINAL = filtered._filter
 TAU = [None]
+
+
 def cov_filter(local_scores, lengths, margin=0.0):
-    index, labels = orig(local_scores, lengths, margin)
+    """The filter's spans plus, for each uncovered token of coverage above ``TAU[0]``, the
+    span over it with the highest non-null probability."""
+    index, labels = ORIGINAL(local_scores, lengths, margin)
     tau = TAU[0]
     if tau is None:
         return index, labels
@@ -52,7 +60,11 @@ def cov_filter(local_scores, lengths, margin=0.0):
     allidx = torch.cat([index, ex]); alllab = torch.cat([labels, ex_labels])
     order = allidx.argsort()
     return allidx[order], alllab[order]
+
+
 filtered._filter = cov_filter
+
+
 def prf(nlp, golds):
     tp = npred = ngold = 0
     docs = [Doc(nlp.vocab, words=[t.text for t in g], spaces=[bool(t.whitespace_) for t in g]) for g in golds]
@@ -61,6 +73,8 @@ def prf(nlp, golds):
         tp += len(G & P); npred += len(P); ngold += len(G)
     p = tp / max(npred, 1); r = tp / ngold
     return round(100 * p, 2), round(100 * r, 2), round(200 * p * r / (p + r), 2)
+
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--output", required=True)
 args = parser.parse_args()
