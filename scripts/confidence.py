@@ -39,12 +39,10 @@ import spacy
 from spacy.tokens import Doc
 
 from spacy_fsemicrf.calibration import (
+    FITS,
     apply_calibration,
     entity_key,
-    fit_by_novelty,
     fit_calibration,
-    fit_isotonic,
-    fit_platt,
     read_docs,
     unannotated,
 )
@@ -155,8 +153,7 @@ def cross_fitted(raw: numpy.ndarray, correct: numpy.ndarray, doc_ids: numpy.ndar
     each for seen and unseen entities, and the one :func:`fit_calibration` selects) fitted on
     the even documents and applied to the odd ones, and the reverse."""
     folds = doc_ids % 2
-    fits = {"platt": lambda r, c, s: fit_platt(r, c), "isotonic": lambda r, c, s: fit_isotonic(r, c),
-            "by_novelty": fit_by_novelty, "selected": fit_calibration}
+    fits = {**FITS, "selected": fit_calibration}
     if not seen.any():
         del fits["by_novelty"]
     out = {"raw": raw.copy(), **{name: numpy.zeros_like(raw) for name in fits}}

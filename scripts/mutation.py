@@ -149,7 +149,7 @@ def pytest_runtest_logreport(report):
         _calls[report.nodeid] = report.duration
 
 
-def pytest_collection_finish(session):
+def pytest_collection_finish():
     # Everything loaded so far (torch, spaCy, the test modules) lives as long as the process:
     # out of the collector's way, a full collection during a test does not walk it again.
     gc.freeze()
@@ -165,7 +165,7 @@ def pytest_collection_modifyitems(items):
         items.sort(key=lambda item: cost[item.nodeid])  # stable: ties keep their order
 
 
-def pytest_sessionfinish(session):
+def pytest_unconfigure():  # the end of the run: record the costs once
     if _calls and not os.path.exists(COSTS):
         tmp = COSTS + f".{os.getpid()}"
         with open(tmp, "w") as f:
@@ -199,8 +199,8 @@ def export_tree(dest: Path, source: str) -> None:
 
 def mutmut_config(group: Group) -> str:
     """The ``[mutmut]`` section of the copy's setup.cfg for ``group``."""
-    # pytest's unraisable-exception plugin runs gc.collect() five times as a session ends,
-    # 0.34 of the 0.38 s a session of a few tests takes in a process that holds torch, spaCy
+    # pytest's unraisable-exception plugin runs gc.collect() five times as each pytest run
+    # ends, 0.34 of the 0.38 s a run of a few tests takes in a process that holds torch, spaCy
     # and the test modules: most of what a mutant the first test kills costs
     args = ["-p", "mutation_profile", "-p", "no:cacheprovider", "-p", "no:unraisableexception"]
     if group.deselect:

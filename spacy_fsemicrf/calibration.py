@@ -63,16 +63,14 @@ def fit_calibration(
     round; then refitted on all of them. ``selection`` records the losses."""
     raw = numpy.asarray(raw, dtype="float64").reshape(-1)
     correct = numpy.asarray(correct, dtype=bool).reshape(-1)
-    fits: Dict[str, Callable] = {"platt": fit_platt, "isotonic": fit_isotonic}
+    names = ["platt", "isotonic"]  # simplest first: ties go to the simpler map
     if seen is not None:
         seen = numpy.asarray(seen, dtype=bool).reshape(-1)
         if min(int(seen.sum()), int((~seen).sum())) >= MIN_GROUP:
-            fits["by_novelty"] = fit_by_novelty
-        else:
-            seen = None
-    losses = {name: _held_out_log_loss(fit, raw, correct, seen) for name, fit in fits.items()}
-    best = min(losses, key=lambda name: (losses[name], list(fits).index(name)))  # ties: simpler
-    out = fits[best](raw, correct, seen) if best == "by_novelty" else fits[best](raw, correct)
+            names.append("by_novelty")
+    losses = {name: _held_out_log_loss(FITS[name], raw, correct, seen) for name in names}
+    best = min(names, key=lambda name: (losses[name], names.index(name)))
+    out = FITS[best](raw, correct, seen)
     out.update({"n_entities": int(raw.size), "n_correct": int(correct.sum()),
                 "selection": {name: round(value, 6) for name, value in losses.items()}})
     return out
@@ -100,10 +98,7 @@ def _held_out_log_loss(
         return 0.0
     total = 0.0
     for use in (fold, ~fold):
-        if fit is fit_by_novelty:
-            fitted = fit(raw[~use], correct[~use], seen[~use])
-        else:
-            fitted = fit(raw[~use], correct[~use])
+        fitted = fit(raw[~use], correct[~use], None if seen is None else seen[~use])
         p = apply_calibration(fitted, raw[use], None if seen is None else seen[use])
         p = numpy.clip(p, 1e-6, 1 - 1e-6)
         total -= float(numpy.sum(numpy.where(correct[use], numpy.log(p), numpy.log1p(-p))))
@@ -183,6 +178,15 @@ def fit_isotonic(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any]:
     at = numpy.round(knots[:, 2] / numpy.maximum(knots[:, 1], 1), 8)
     last = numpy.r_[at[1:] != at[:-1], True] if at.size else numpy.zeros(0, dtype=bool)
     return {"method": "isotonic", "x": at[last].tolist(), "y": numpy.round(scores[last], 6).tolist()}
+
+
+Fit = Callable[[numpy.ndarray, numpy.ndarray, Optional[numpy.ndarray]], Dict[str, Any]]
+FITS: Dict[str, Fit] = {
+    "platt": lambda raw, correct, seen: fit_platt(raw, correct),
+    "isotonic": lambda raw, correct, seen: fit_isotonic(raw, correct),
+    "by_novelty": fit_by_novelty,
+}
+"""The maps :func:`fit_calibration` chooses among, as ``fit(raw, correct, seen)``."""
 
 
 def apply_calibration(
