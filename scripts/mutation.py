@@ -52,6 +52,9 @@ class Group:
     modules: List[str]
     tests: List[str]
     deselect: List[str] = field(default_factory=list)  # ``-k`` expressions left out
+    # seconds added to a mutant's estimated test time before doubling it into its time limit:
+    # mutmut's estimate counts test calls only, not fixtures (such as pipelines trained)
+    timeout_constant: float = 30.0
 
 
 GROUPS: Dict[str, Group] = {
@@ -69,11 +72,19 @@ GROUPS: Dict[str, Group] = {
             "tests/test_nbest.py",
             "tests/test_null_tokens.py",
             "tests/test_mean_field.py",
+            "tests/test_predict_paths.py",
         ],
         # the toy-task trainings and 40 s of long-document gradients would dominate every
         # head mutant (the losses and decodes are checked exactly by test_head_distributions),
-        # and a subprocess cannot see the mutants
-        deselect=["learns_the_toy_task", "two_threads", "works_without_spacy"],
+        # a subprocess cannot see the mutants, and the tests of whole pipelines (training,
+        # saving, the calibration fit) are the component's: every mutant that survives the
+        # structured tests would sit through them
+        deselect=["learns_the_toy_task", "two_threads", "works_without_spacy",
+                  "learns_saves_and_loads", "scores_are_calibrated", "fit_uses_only",
+                  "threshold_drops", "settings_round_trip", "pipeline_without_a_map",
+                  "training_entities_are_recorded", "map_by_novelty_scores", "callback",
+                  "command_calibrates", "benchmark_measures"],
+        timeout_constant=10.0,  # no pipeline is trained in these tests
     ),
     "component": Group(
         modules=["spacy_fsemicrf/component.py"],
@@ -84,6 +95,7 @@ GROUPS: Dict[str, Group] = {
             "tests/test_calibration.py",
             "tests/test_component_constraints.py",
             "tests/test_nbest.py",
+            "tests/test_predict_paths.py",
         ],
         # a subprocess pipeline (it imports the installed package, not the mutants)
         deselect=["two_processes"],
@@ -100,7 +112,9 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
 HYPOTHESIS_PROFILE = '''"""Pytest plugin for mutation runs (loaded with -p).
 
 Hypothesis: same examples every run, no example database, no shrinking (a failure is all a
-mutation run needs to know). The objects loaded by collection are frozen out of the garbage
+mutation run needs to know), at most MAX_EXAMPLES examples per test (a survivor runs every
+test of its function, and the few tests with hundreds of brute-force examples were most of
+what survivors cost). The objects loaded by collection are frozen out of the garbage
 collector's way (gc.freeze), as they live as long as the process.
 
 Cheapest test first: mutmut stops a mutant's run at its first failing test (-x) but hands
@@ -122,9 +136,17 @@ settings.register_profile(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 settings.load_profile("mutation")
+MAX_EXAMPLES = 200
 
 COSTS = os.path.abspath("mutation_costs.json")  # in mutants/, where mutmut runs pytest
+RUNS = os.path.abspath("mutation_runs.jsonl")  # one line per mutant: what its run cost
 _calls, _fixtures = {}, {}
+_started = 0.0
+
+
+def pytest_configure(config):
+    global _started
+    _started = time.perf_counter()
 
 
 def _known():
@@ -156,6 +178,13 @@ def pytest_collection_finish():
 
 
 def pytest_collection_modifyitems(items):
+    for item in items:
+        test = getattr(item, "obj", None)
+        # a test's own @settings win over the profile; hypothesis reads them from the test at
+        # each call
+        own = getattr(test, "_hypothesis_internal_use_settings", None)
+        if own is not None and own.max_examples > MAX_EXAMPLES:
+            test._hypothesis_internal_use_settings = settings(own, max_examples=MAX_EXAMPLES)
     known = _known()
     if known is not None:
         calls, fixtures = known["calls"], known["fixtures"]
@@ -165,7 +194,13 @@ def pytest_collection_modifyitems(items):
         items.sort(key=lambda item: cost[item.nodeid])  # stable: ties keep their order
 
 
-def pytest_unconfigure():  # the end of the run: record the costs once
+def pytest_unconfigure():  # the end of the run: record the costs once, and this run's
+    mutant = os.environ.get("MUTANT_UNDER_TEST")
+    if mutant and mutant not in ("fail", "stats", "list_all_tests"):
+        line = json.dumps({"mutant": mutant, "seconds": round(time.perf_counter() - _started, 3),
+                           "tests": len(_calls)})
+        with open(RUNS, "a") as f:  # one short append per process: lines do not interleave
+            f.write(line + "\\n")
     if _calls and not os.path.exists(COSTS):
         tmp = COSTS + f".{os.getpid()}"
         with open(tmp, "w") as f:
@@ -213,9 +248,9 @@ def mutmut_config(group: Group) -> str:
     lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in group.tests]
     lines += ["pytest_add_cli_args ="] + [f"    {a}" for a in args]
     # torch does not survive a fork of a process that has run it: fork from a clean server
-    # CPU seconds per mutant: 4 x (the selected tests' call time + 30 s): mutmut's estimate
-    # leaves out fixtures, and the pipelines the component tests train take tens of seconds
-    lines += ["process_isolation = forkserver", "timeout_multiplier = 2.0", "timeout_constant = 30.0", ""]
+    # CPU seconds per mutant: 4 x (the selected tests' call time + the group's constant)
+    lines += ["process_isolation = forkserver", "timeout_multiplier = 2.0",
+              f"timeout_constant = {group.timeout_constant}", ""]
     return "\n".join(lines)
 
 

@@ -57,7 +57,9 @@ class HeadShim(PyTorchShim):
     def predict(self, inputs: ArgsKwargs) -> Any:
         if self._model.training:
             self._model.eval()
-        with torch.no_grad():
+        # inference mode, not no_grad: no version counters or view tracking, about a tenth
+        # of the head's time on short documents
+        with torch.inference_mode():
             with torch.autocast(device_type="cuda", enabled=self._mixed_precision):
                 return self._model(*inputs.args, **inputs.kwargs)
 

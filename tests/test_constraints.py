@@ -6,7 +6,7 @@ import random
 import numpy
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spacy_fsemicrf.structured import filtered, itemgraphs
@@ -497,3 +497,75 @@ def test_heads_report_constraints_on_a_batch_without_tokens(kind):
     out = head.decode(scores[:2, :0], lengths, DecodeOptions(constraints=[doc, None]))
     assert out.spans.shape == (0, 4)
     assert out.reports is not None and out.reports[0] is not None and out.reports[1] is None
+
+
+def _graph_paths(nodes, glob_b, T):
+    """The paths of a filtered graph (maximal non-overlapping node sets) with their scores."""
+    from .bruteforce import maximal_nonoverlapping_sets
+
+    paths = [[nodes[k] for k in chosen]
+             for chosen in maximal_nonoverlapping_sets([(s, e) for s, e, _ in nodes])]
+    return [(path, _path_score(path, [], glob_b, T)) for path in paths]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+@example(247375)  # a path that leaves out a forbidden node, once reported with probability 1
+def test_filtered_head_decodes_under_constraints_by_definition(seed):
+    """The filtered head's decode with constraints, against enumeration: the constrained
+    optimum of its node set (fewest dropped nodes, then best score), each entity's confidence
+    (local probability of its label times its marginal on the graph; 0 for a forced span that
+    is no node) and the path probability (exp(score - log Z) if the path is one of the graph's,
+    else 0); a document without constraints gets the plain best path and no report."""
+    from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    B, L, K, M = 3, 6, 3, 2
+    C = M + 1
+    transitions = rng.random() < 0.5
+    head = FilteredSemiCRFHead(4, M, max_width=K, transitions=transitions)
+    if transitions:
+        head.transitions.data = torch.randn(C + 1, C + 1, generator=gen)
+    T = head.transitions.detach().double() if transitions else None
+    local = 2 * torch.randn(B, L, K, C, generator=gen)
+    glob = 2 * torch.randn(B, L, K, C, generator=gen)
+    lengths = torch.tensor([L, rng.randint(1, L), rng.randint(0, L)])
+    docs, refs = [], []
+    for b in range(B):
+        constraints, starts, doc = random_doc_constraints(rng, LABELS[:M], int(lengths[b]))
+        if b == 1:
+            constraints, starts, doc = [], (), None
+        docs.append(doc)
+        refs.append((constraints, starts))
+    with torch.no_grad():
+        out = head.decode(local, glob, lengths, options=DecodeOptions(path=True, constraints=docs))
+    for b in range(B):
+        n, (constraints, starts) = int(lengths[b]), refs[b]
+        # the filter keeps the spans whose local argmax is not null
+        nodes = [(s, s + w, int(local[b, s, w].argmax())) for s in range(n)
+                 for w in range(min(K, n - s)) if int(local[b, s, w].argmax())]
+        glob_b = glob[b].double()
+        paths = _graph_paths(nodes, glob_b, T)
+        log_z = math.log(sum(math.exp(v) for _, v in paths))
+        conf = {node: float(local[b, node[0], node[1] - node[0]].softmax(0)[node[2]])
+                * sum(math.exp(v - log_z) for path, v in paths if node in path) for node in nodes}
+        best_path = max(paths, key=lambda pv: pv[1])[0]
+        mine = doc_rows(out.spans, b)
+        report = out.reports[b] if out.reports is not None else None  # None: no constraints
+        assert (report is None) == (docs[b] is None)
+        if report is None or report.status == "infeasible":
+            assert mine == best_path
+        else:
+            force = lambda s, e, c, b=b: float(glob[b, s, e - s, c])  # noqa: E731
+            scored = [node + (float(glob_b[node[0], node[1] - node[0], node[2]]),) for node in nodes]
+            ref = filtered_reference(scored, None if T is None else T.tolist(), n, K,
+                                     constraints, LABELS[:M], starts, force)
+            assert ref is not None and plain_ok(constraints, LABELS[:M], mine, n, starts)
+            assert math.isclose(_path_score(mine, [], glob_b, T), ref[1], abs_tol=1e-5)
+        scores = [float(x) for r, x in zip(out.spans.tolist(), out.scores.tolist()) if r[0] == b]
+        assert scores == pytest.approx([conf.get(span, 0.0) for span in mine], abs=1e-5)
+        in_graph = any(path == mine for path, _ in paths)
+        want = math.exp(_path_score(mine, [], glob_b, T) - log_z) if in_graph else 0.0
+        assert float(out.path[b]) == pytest.approx(want, rel=1e-4, abs=1e-6)

@@ -386,3 +386,32 @@ def test_exact_loss_adds_the_semicrf_loss_of_the_global_scores(null_tokens):
     assert math.isclose(got, 0.5 * want, rel_tol=1e-4, abs_tol=1e-4)
     with pytest.raises(ValueError, match="exact_loss"):
         FilteredSemiCRFHead(5, 2, exact_loss=-1.0)
+
+
+@pytest.mark.parametrize("options", [None, "candidates"])
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_inference_mode_predicts_as_no_grad_and_training_goes_on_after_it(name, options):
+    """Pipelines predict under torch.inference_mode: the same entities, confidences, path
+    probabilities and candidates as under no_grad, and a later training step on a batch of
+    the same shape (whose cached grids prediction made) still has gradients."""
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    torch.manual_seed(1)
+    # a shape of its own, so that inference mode is the first to fill the shape's caches
+    X, lengths, gold = toy_batch(seed=3, B=5, L=17)
+    head = HEADS[name](D, M, max_width=K + 1, hidden_width=16, dropout=0.0)
+    head.eval()
+    opts = DecodeOptions(path=True, candidates=options is not None)
+    with torch.inference_mode():
+        fast = head(X, lengths, options=opts)
+    with torch.no_grad():
+        slow = head(X, lengths, options=opts)
+    assert torch.equal(fast.spans, slow.spans) and torch.equal(fast.scores, slow.scores)
+    assert torch.equal(fast.path, slow.path)
+    if options is not None:
+        assert all(torch.equal(a, b) for a, b in zip(fast.candidates, slow.candidates))
+    head.train()
+    loss = head(X, lengths, gold)
+    loss.backward()
+    grads = [p.grad for p in head.parameters() if p.requires_grad]
+    assert any(g is not None and bool(g.abs().sum() > 0) for g in grads)

@@ -2,6 +2,8 @@
 padding skip the padding masks and copies, fresh documents get their entities written
 without building the spans of the uncovered tokens."""
 import numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import spacy
 import torch
 from spacy.tokens import Doc, Span
@@ -97,3 +99,45 @@ def test_same_word_mean_of_distinct_words_is_each_token_bit_for_bit():
     with torch.no_grad():
         got = same_word_mean(x, repeated, lengths)
     assert torch.allclose(got[0, 0], (x[0, 0] + x[0, 2]) / 2)
+
+
+@st.composite
+def _annotated_docs(draw):
+    """A doc whose tokens are missing, O, in a preset entity or blocked, and predicted spans
+    that do not overlap each other."""
+    n = draw(st.integers(1, 9))
+    state, i = [], 0
+    while i < n:
+        kind = draw(st.sampled_from(["missing", "O", "entity", "blocked"]))
+        width = draw(st.integers(1, min(3, n - i))) if kind == "entity" else 1
+        state.append((kind, i, i + width))
+        i += width
+    predicted, i = [], 0
+    while i < n:
+        width = draw(st.integers(1, min(3, n - i)))
+        if draw(st.booleans()):
+            predicted.append((i, i + width, draw(st.sampled_from(["X", "Y"]))))
+        i += width
+    return n, state, predicted
+
+
+@given(_annotated_docs())
+@settings(max_examples=150, deadline=None)
+def test_predicted_entities_fill_what_the_doc_leaves_open(case):
+    """set_entities against its rule written out token by token: preset entities and blocked
+    tokens stay, a predicted entity over any of their tokens is dropped, the others are
+    written, and every token still without entity information becomes O."""
+    n, state, predicted = case
+    doc = Doc(spacy.blank("en").vocab, words=[f"w{i}" for i in range(n)])
+    ents = [Span(doc, a, b, label="PRESET") for kind, a, b in state if kind == "entity"]
+    blocked = [doc[a:b] for kind, a, b in state if kind == "blocked"]
+    outside = [doc[a:b] for kind, a, b in state if kind == "O"]
+    doc.set_ents(ents, blocked=blocked, outside=outside, default="missing")
+    expected = [(t.ent_iob_, t.ent_type_) for t in doc]
+    occupied = {t for kind, a, b in state if kind in ("entity", "blocked") for t in range(a, b)}
+    for a, b, label in predicted:
+        if not occupied.intersection(range(a, b)):
+            expected[a:b] = [("B", label)] + [("I", label)] * (b - a - 1)
+    expected = [("O", "") if iob == "" else (iob, typ) for iob, typ in expected]
+    set_entities(doc, [Span(doc, a, b, label=label) for a, b, label in predicted])
+    assert [(t.ent_iob_, t.ent_type_) for t in doc] == expected

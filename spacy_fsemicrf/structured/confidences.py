@@ -17,7 +17,6 @@ import torch
 
 from . import filtered
 from .linear_crf import TagScheme, crf_marginals, crf_span_marginals
-from .semicrf import semicrf_log_partition
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
 
@@ -50,19 +49,6 @@ def filtered_path_scores(
 
 
 # ----------------------------------------------------------------------------- semi-CRF
-
-
-def semicrf_marginals_and_log_z(
-    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor]
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(marginals [B, L, K, C], log Z [B])`` from one forward scan and its gradient (what
-    :func:`~.semicrf.semicrf_marginals` computes, with the log Z it throws away)."""
-    with torch.enable_grad():
-        leaf = scores.detach().requires_grad_(True)
-        T = None if transitions is None else transitions.detach()
-        log_z = semicrf_log_partition(leaf, lengths, T)
-        (grad,) = torch.autograd.grad(log_z.sum(), leaf)
-    return grad, log_z.detach()
 
 
 def span_candidates(marginals: torch.Tensor, decoded: torch.Tensor) -> Decoded:

@@ -612,6 +612,22 @@ def path_score(
     return total.index_add(0, doc, inner + to_end)
 
 
+def off_graph(nodes: NodeSet, spans: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
+    """``BoolTensor[B]``: the documents whose path ``spans`` (rows ``(doc, start, end, label)``,
+    ``node`` the node each one is, -1 for none) is not a path of the filtered graph, which has
+    probability 0 under the graph's distribution: it holds a span that is no node, or it leaves
+    out a node that overlaps none of its spans (a path's nodes are a maximal non-overlapping
+    set), as a constrained path may."""
+    B, L, K = nodes.shape
+    on_path = torch.zeros((B, L, K), dtype=torch.bool, device=nodes.index.device)
+    doc, start, end = spans[:, 0], spans[:, 1], spans[:, 2]
+    on_path[doc, start, end - start] = True
+    reached = overlap_mask(on_path).view(-1)[nodes.index]
+    off = torch.zeros((B,), dtype=torch.bool, device=nodes.index.device)
+    off.index_fill_(0, nodes.index[~reached] // (L * K), True)
+    return off.index_fill_(0, doc[node < 0], True)
+
+
 def count_nodes(node_mask: torch.Tensor) -> torch.Tensor:
     """``LongTensor[B]``: nodes kept per document (the filtered graph size)."""
     return node_mask.sum((1, 2))

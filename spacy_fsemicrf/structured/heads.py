@@ -30,7 +30,6 @@ from .confidences import (
     crf_candidates,
     filtered_path_scores,
     local_label_probability,
-    semicrf_marginals_and_log_z,
     span_candidates,
 )
 from .constrained import crf_constrained, filtered_constrained, semicrf_constrained
@@ -48,7 +47,12 @@ from .mean_field import MeanFieldRefiner, node_features
 from .nbest import Segmentation, crf_nbest, filtered_nbest, semicrf_nbest
 from .null_tokens import add_null_tokens, null_token_scores
 from .prediction import DecodeOptions, Prediction, path_probability
-from .semicrf import semicrf_gold_score, semicrf_log_partition, semicrf_viterbi
+from .semicrf import (
+    semicrf_gold_score,
+    semicrf_log_partition,
+    semicrf_marginals_and_log_z,
+    semicrf_viterbi,
+)
 from .semiring import masked_fill_neg
 from .spans import (
     SpanFeaturizer,
@@ -397,10 +401,9 @@ class FilteredSemiCRFHead(nn.Module):
             spans, reports, node = found.spans, found.reports, found.node
             # a forced span that was no node has no probability under the model
             scores = torch.where(node >= 0, conf[node.clamp_min(0)], conf.new_zeros(()))
-            # a path that leaves a node out, or adds one, is not a path of the filtered graph
-            outside = torch.tensor([bool(r is not None and r.status == "optimal" and r.dropped)
-                                    for r in reports], dtype=torch.bool)
-            outside.index_fill_(0, spans[node < 0, 0].cpu(), True)
+            # a path that leaves a node out (dropped for a count, or forbidden), or adds one,
+            # is not a path of the filtered graph
+            outside = filtered.off_graph(nodes, spans, node)
         path = None
         if options.path and reports is None and bool((marginals >= 1.0).all()):
             # every node on every path: the graph has one path, of probability 1 (most

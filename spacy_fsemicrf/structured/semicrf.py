@@ -25,6 +25,7 @@ __all__ = [
     "semicrf_gold_score",
     "semicrf_viterbi",
     "semicrf_marginals",
+    "semicrf_marginals_and_log_z",
     "segment_mask",
 ]
 
@@ -262,11 +263,28 @@ def semicrf_marginals(
     segmentation (0 for impossible segments).
 
     The gradient of ``log Z`` with respect to the segment scores; computed with autograd, so
-    it is safe to call under ``torch.no_grad()``. The result is detached.
+    it is safe to call under ``torch.no_grad()`` and ``torch.inference_mode()``. The result is
+    detached.
     """
-    with torch.enable_grad():
-        leaf = scores.detach().requires_grad_(True)
-        T = None if transitions is None else transitions.detach()
-        log_z = semicrf_log_partition(leaf, lengths, T)
+    return semicrf_marginals_and_log_z(scores, lengths, transitions)[0]
+
+
+def semicrf_marginals_and_log_z(
+    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(marginals [B, L, K, C], log Z [B])`` from one forward scan and its gradient (what
+    :func:`semicrf_marginals` returns, with the log Z it throws away)."""
+    # autograd cannot record inside inference mode, nor on tensors made there: leave the
+    # mode for the scan, on copies of such tensors (clone leaves the values as they are)
+    with torch.inference_mode(False), torch.enable_grad():
+        leaf = _normal_tensor(scores).requires_grad_(True)
+        T = None if transitions is None else _normal_tensor(transitions)
+        log_z = semicrf_log_partition(leaf, _normal_tensor(lengths), T)
         (grad,) = torch.autograd.grad(log_z.sum(), leaf)
-    return grad
+    return grad, log_z.detach()
+
+
+def _normal_tensor(x: torch.Tensor) -> torch.Tensor:
+    """``x`` detached, copied if it was made in inference mode."""
+    x = x.detach()
+    return x.clone() if x.is_inference() else x

@@ -43,9 +43,11 @@ def span_ends(length: int, max_width: int, device: Optional[torch.device] = None
 @functools.lru_cache(maxsize=64)
 def _span_ends(length: int, max_width: int, device: torch.device) -> torch.Tensor:
     # cached: decoding a batch is dominated by fixed per-call costs, and this grid only
-    # depends on the padded shape
-    starts = torch.arange(length, device=device).view(-1, 1)
-    return starts + torch.arange(max_width, device=device).view(1, -1)
+    # depends on the padded shape; made outside inference mode, so that training can still
+    # index with it after a prediction filled the cache
+    with torch.inference_mode(False):
+        starts = torch.arange(length, device=device).view(-1, 1)
+        return starts + torch.arange(max_width, device=device).view(1, -1)
 
 
 def gold_label_grid(
