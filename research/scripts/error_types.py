@@ -7,7 +7,7 @@ gold entity has the same span, another label), ``boundary`` (it overlaps a gold 
 ``spurious`` (it overlaps none); each gold entity not predicted is a false negative: ``type``,
 ``boundary`` (a prediction overlaps it) or ``missed``; the missed ones are also counted by width
 (``missed_w1`` .. ``missed_w4+``, in tokens). Prints the counts per model and their mean, which
-say what a change to a model fixed (e.g. doc_vector in stop 17).
+say what a change to a model fixed (e.g. doc_vector: ``results/sweeps/doc_vector_errors.json``).
 """
 from __future__ import annotations
 
