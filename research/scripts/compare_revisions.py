@@ -1,7 +1,7 @@
 """Filtered decoding of this checkout against another git revision, and the exact semi-CRF's
 Viterbi, side by side in one process.
 
-    python research/scripts/compare_revisions.py --base 47e4ba9 --lengths 64 256
+    python research/scripts/compare_revisions.py --base REVISION --lengths 64 256
 
 The structured layer of ``--base`` (plain PyTorch, relative imports only) is exported with
 ``git archive`` and imported under another module name, so both versions decode the same
