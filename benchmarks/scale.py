@@ -7,7 +7,9 @@ as plain texts, by:
 
 * ``nlp.pipe``: one process, PyTorch's default thread count (and, for reference, one thread);
 * ``nlp.pipe(n_process=2)``: in the same process, after it has predicted (the way users hit the
-  fork hang that ``spacy_fsemicrf.fork_safety`` fixes);
+  fork hang that ``spacy_fsemicrf.fork_safety`` fixes); and the same with spaCy's
+  ``doc_cleaner`` last, dropping ``doc.tensor``: spaCy sends every document back from its worker
+  processes as ``Doc.to_bytes()``, the tok2vec's vectors included, for the parent to decode;
 * ``annotate`` on a Dask LocalCluster of 1 and of 2 worker processes (one thread each), warm:
   the cluster started and the pipeline loaded on every worker before the clock starts; the
   cold run (starting the cluster and loading the pipeline) is timed once apart.
@@ -113,6 +115,9 @@ def main() -> None:
     n_words = sum(len(doc) for doc in nlp.tokenizer.pipe(texts))
     load_before = load_average()
     reference = entity_tuples(nlp.pipe(texts, batch_size=args.batch_size))  # also the warm-up
+    cleaned = spacy.load(model)
+    cleaned.add_pipe("doc_cleaner", config={"attrs": {"tensor": None}})
+    entity_tuples(cleaned.pipe(texts, batch_size=args.batch_size))
 
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
@@ -125,6 +130,8 @@ def main() -> None:
                 lambda: entity_tuples(nlp.pipe(texts, batch_size=args.batch_size))),
             "nlp.pipe(n_process=2)": lambda: entity_tuples(
                 nlp.pipe(texts, batch_size=args.batch_size, n_process=2)),
+            "nlp.pipe(n_process=2), doc_cleaner": lambda: entity_tuples(
+                cleaned.pipe(texts, batch_size=args.batch_size, n_process=2)),
             "Dask, 1 worker": clusters[1],
             "Dask, 2 workers": clusters[2],
         }
