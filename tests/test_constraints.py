@@ -484,6 +484,22 @@ def test_heads_report_and_score_the_constrained_path(kind, seed):
         best = ref[0][0] if ref else enum.best_score
         want = math.exp(min(best - enum.log_z, 0.0))
         assert math.isclose(float(out.path[b]), want, rel_tol=1e-4, abs_tol=1e-6), (b, want)
+        report = out.reports[b]
+        if report is None:
+            continue
+        # the report's fields by their definitions: the returned and the unconstrained best
+        # score, whether the search ran, over how many automaton states
+        assert report.unconstrained == pytest.approx(enum.best_score, abs=1e-4)
+        assert report.states == doc.program.automaton.n_states
+        if not ref:
+            assert report.status == "infeasible"
+            assert report.score == pytest.approx(enum.best_score, abs=1e-4)
+        elif math.isclose(ref[0][0], enum.best_score, abs_tol=1e-6):
+            assert report.status == "satisfied" and not report.searched
+            assert report.score == pytest.approx(enum.best_score, abs=1e-4)
+        else:
+            assert report.status == "optimal" and report.searched is True
+            assert report.score == pytest.approx(ref[0][0], abs=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["semicrf", "crf"])
@@ -555,6 +571,14 @@ def test_filtered_head_decodes_under_constraints_by_definition(seed):
         mine = doc_rows(out.spans, b)
         report = out.reports[b] if out.reports is not None else None  # None: no constraints
         assert (report is None) == (docs[b] is None)
+        if report is not None:
+            best_score = max(v for _, v in paths)
+            assert report.unconstrained == pytest.approx(best_score, abs=1e-5)
+            assert report.states == docs[b].program.automaton.n_states
+            if report.status == "satisfied":  # the unconstrained best path obeys them
+                assert plain_ok(constraints, LABELS[:M], best_path, n, starts)
+            if report.status != "infeasible":  # (found infeasible with or without a search)
+                assert report.searched == (report.status == "optimal")
         if report is None or report.status == "infeasible":
             assert mine == best_path
         else:
