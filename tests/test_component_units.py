@@ -95,3 +95,22 @@ def test_initialize_reports_the_entities_wider_than_max_width(caplog):
     assert len(warnings) == 1
     assert warnings[0].startswith("fsemicrf_ner: 2 of 3 gold entities in the initialization examples")
     assert "max_width=2 tokens" in warnings[0] and "max_width=4 would keep them all" in warnings[0]
+
+
+def test_the_class_alone_has_the_documented_defaults():
+    """Constructed directly (not through the factory), the component has the defaults its
+    signature documents, and rejects a spans_key that is not a non-empty string."""
+    from spacy_fsemicrf.component import DEFAULT_SPANS_KEY, FSemiCRFEntityRecognizer
+    from spacy_fsemicrf.scorer import ner_score
+
+    nlp = spacy.blank("en")
+    model = nlp.add_pipe("fsemicrf_ner").model
+    ner = FSemiCRFEntityRecognizer(nlp.vocab, model)
+    assert ner.name == "fsemicrf_ner" and ner.spans_key == DEFAULT_SPANS_KEY
+    assert ner.threshold == 0.0 and ner.candidates_key is None and ner.constraints == []
+    assert ner.scorer is ner_score
+    assert ner.seen_entities.dtype == numpy.uint64 and ner.seen_entities.size == 0
+    assert ner.n_wide_dropped == 0 and ner.widest_dropped == 0
+    for bad in ("", 3, None):
+        with pytest.raises(ValueError, match="spans_key must be a non-empty string"):
+            FSemiCRFEntityRecognizer(nlp.vocab, model, spans_key=bad)
