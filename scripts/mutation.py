@@ -511,8 +511,9 @@ def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
 
 
 def run_costs(tree: Path, mutants: List[Mutant]) -> str:
-    """A sentence on where a run's test time went: the pytest time (configuration to the end of
-    the session, recorded by the plugin) of the mutants that survived and of the others."""
+    """A sentence on where a run's test time went: the time each mutant spent in pytest (from
+    its configuration to its end, recorded by the plugin), summed for the mutants that
+    survived and for the others."""
     path = tree / "mutants" / "mutation_runs.jsonl"
     if not path.exists():
         return ""

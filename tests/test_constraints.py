@@ -515,15 +515,6 @@ def test_heads_report_constraints_on_a_batch_without_tokens(kind):
     assert out.reports is not None and out.reports[0] is not None and out.reports[1] is None
 
 
-def _graph_paths(nodes, glob_b, T):
-    """The paths of a filtered graph (maximal non-overlapping node sets) with their scores."""
-    from .bruteforce import maximal_nonoverlapping_sets
-
-    paths = [[nodes[k] for k in chosen]
-             for chosen in maximal_nonoverlapping_sets([(s, e) for s, e, _ in nodes])]
-    return [(path, _path_score(path, [], glob_b, T)) for path in paths]
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10**6))
 @example(247375)  # a path that leaves out a forbidden node, once reported with probability 1
@@ -535,6 +526,8 @@ def test_filtered_head_decodes_under_constraints_by_definition(seed):
     else 0); a document without constraints gets the plain best path and no report."""
     from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead
     from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    from .bruteforce import filtered_enumerate
 
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -563,17 +556,17 @@ def test_filtered_head_decodes_under_constraints_by_definition(seed):
         nodes = [(s, s + w, int(local[b, s, w].argmax())) for s in range(n)
                  for w in range(min(K, n - s)) if int(local[b, s, w].argmax())]
         glob_b = glob[b].double()
-        paths = _graph_paths(nodes, glob_b, T)
-        log_z = math.log(sum(math.exp(v) for _, v in paths))
+        scored = [node + (float(glob_b[node[0], node[1] - node[0], node[2]]),) for node in nodes]
+        enum = filtered_enumerate(scored, T)
+        paths = [[nodes[k] for k in path] for path, _ in enum.paths]
         conf = {node: float(local[b, node[0], node[1] - node[0]].softmax(0)[node[2]])
-                * sum(math.exp(v - log_z) for path, v in paths if node in path) for node in nodes}
-        best_path = max(paths, key=lambda pv: pv[1])[0]
+                * float(enum.marginals[k]) for k, node in enumerate(nodes)}
+        best_path = [nodes[k] for k in enum.best_paths[0]]
         mine = doc_rows(out.spans, b)
         report = out.reports[b] if out.reports is not None else None  # None: no constraints
         assert (report is None) == (docs[b] is None)
         if report is not None:
-            best_score = max(v for _, v in paths)
-            assert report.unconstrained == pytest.approx(best_score, abs=1e-5)
+            assert report.unconstrained == pytest.approx(enum.best_score, abs=1e-5)
             assert report.states == docs[b].program.automaton.n_states
             if report.status == "satisfied":  # the unconstrained best path obeys them
                 assert plain_ok(constraints, LABELS[:M], best_path, n, starts)
@@ -583,13 +576,12 @@ def test_filtered_head_decodes_under_constraints_by_definition(seed):
             assert mine == best_path
         else:
             force = lambda s, e, c, b=b: float(glob[b, s, e - s, c])  # noqa: E731
-            scored = [node + (float(glob_b[node[0], node[1] - node[0], node[2]]),) for node in nodes]
             ref = filtered_reference(scored, None if T is None else T.tolist(), n, K,
                                      constraints, LABELS[:M], starts, force)
             assert ref is not None and plain_ok(constraints, LABELS[:M], mine, n, starts)
             assert math.isclose(_path_score(mine, [], glob_b, T), ref[1], abs_tol=1e-5)
         scores = [float(x) for r, x in zip(out.spans.tolist(), out.scores.tolist()) if r[0] == b]
         assert scores == pytest.approx([conf.get(span, 0.0) for span in mine], abs=1e-5)
-        in_graph = any(path == mine for path, _ in paths)
-        want = math.exp(_path_score(mine, [], glob_b, T) - log_z) if in_graph else 0.0
+        in_graph = mine in paths
+        want = math.exp(_path_score(mine, [], glob_b, T) - enum.log_z) if in_graph else 0.0
         assert float(out.path[b]) == pytest.approx(want, rel=1e-4, abs=1e-6)

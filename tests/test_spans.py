@@ -194,3 +194,17 @@ def test_masked_logsumexp_is_neg_with_zero_gradient_when_everything_is_masked():
     assert out[1].item() == pytest.approx(torch.logsumexp(x[1, [0, 2]], 0).item())
     out.sum().backward()
     assert torch.isfinite(x.grad).all() and (x.grad[0] == 0).all()
+
+
+def test_span_ends_cached_under_inference_mode_serve_training():
+    """The span-end grid is cached by shape; a prediction under inference mode may be the
+    first to ask for a shape, and training then indexes with the same cached tensor."""
+    from spacy_fsemicrf.structured.spans import span_ends
+
+    shape = (13, 5)  # a shape no other test asks for
+    with torch.inference_mode():
+        first = span_ends(*shape)
+    assert span_ends(*shape) is first and not first.is_inference()
+    x = torch.randn(20, requires_grad=True)
+    x[span_ends(*shape).clamp_max(19)].sum().backward()  # saves the index for backward
+    assert x.grad is not None and float(x.grad.sum()) == 13 * 5
