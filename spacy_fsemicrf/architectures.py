@@ -70,6 +70,7 @@ def build_filtered_semicrf(
     train_margin: float = 0.0,
     mean_field: int = 0,
     exact_loss: float = 0.0,
+    focal_gamma: float = 0.0,
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model[ModelInput, Any]:
@@ -103,6 +104,9 @@ def build_filtered_semicrf(
     exact_loss (float): weight of an exact semi-CRF loss of the global scores over every
         segmentation, added in training; 0 by default (pipelines saved before the setting
         existed load with it).
+    focal_gamma (float): gamma of a focal local loss, each span's cross-entropy times
+        ``(1 - p)^gamma``; 0, the plain cross-entropy, by default (and for pipelines saved
+        before the setting existed).
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -112,7 +116,7 @@ def build_filtered_semicrf(
         hidden_depth=hidden_depth, context_depth=context_depth, span_norm=span_norm,
         boundary_smoothing=boundary_smoothing, doc_vector=doc_vector, word_pool=word_pool,
         null_tokens=null_tokens, train_margin=train_margin, mean_field=mean_field,
-        exact_loss=exact_loss,
+        exact_loss=exact_loss, focal_gamma=focal_gamma,
     )
     return build_structured_model("FilteredSemiCRF", tok2vec, kwargs, span_head=True,
                                   mixed_precision=mixed_precision, grad_scaler=grad_scaler)

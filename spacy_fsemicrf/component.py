@@ -80,6 +80,7 @@ null_tokens = false
 train_margin = 0.0
 mean_field = 0
 exact_loss = 0.0
+focal_gamma = 0.0
 """ + _SPAN_SCORER + _TOK2VEC,
     "SemiCRF": """
 [model]

@@ -377,7 +377,7 @@ def test_uninitialized_pipeline_round_trip(tmp_path):
         (
             {"@architectures": "spacy-fsemicrf.SemiCRF.v1", "null_weight": None,
              "boundary_smoothing": None, "null_tokens": None, "train_margin": None,
-             "mean_field": None, "exact_loss": None},
+             "mean_field": None, "exact_loss": None, "focal_gamma": None},
             "FilteredSemiCRF",
         ),
         ({"tok2vec": {"depth": 2}}, "config"),

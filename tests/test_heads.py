@@ -1,4 +1,6 @@
 """The three heads: the shared interface, learning a toy task, and long-document decoding."""
+import math
+
 import pytest
 import torch
 
@@ -386,6 +388,39 @@ def test_exact_loss_adds_the_semicrf_loss_of_the_global_scores(null_tokens):
     assert math.isclose(got, 0.5 * want, rel_tol=1e-4, abs_tol=1e-4)
     with pytest.raises(ValueError, match="exact_loss"):
         FilteredSemiCRFHead(5, 2, exact_loss=-1.0)
+
+
+def test_focal_gamma_weighs_each_local_term_by_one_minus_its_gold_probability():
+    """With focal_gamma = g the loss changes by the sum over candidate spans of
+    weight * ((1 - p)^g - 1) * (-log p), p the local probability of the span's gold label,
+    weight 1 for gold spans and null_weight for the others; the global loss is unchanged."""
+    torch.manual_seed(1)
+    X = torch.randn((2, 6, 5))
+    lengths = torch.tensor([6, 4])
+    gold = torch.tensor([[0, 1, 2, 1], [0, 4, 4, 2], [1, 0, 0, 1]])
+    plain = FilteredSemiCRFHead(5, 2, max_width=3, hidden_width=8, dropout=0.0,
+                                null_weight=0.6).eval()
+    focal = FilteredSemiCRFHead(5, 2, max_width=3, hidden_width=8, dropout=0.0,
+                                null_weight=0.6, focal_gamma=2.0).eval()
+    focal.load_state_dict(plain.state_dict())
+    local, _ = plain.span_scores(X, lengths)
+    logp = local.detach().double().log_softmax(-1)
+    golds = {(d, s, e): c for d, s, e, c in gold.tolist()}
+    want = 0.0
+    for b in range(2):
+        for i in range(int(lengths[b])):
+            for j in range(i, min(i + 3, int(lengths[b]))):
+                label = golds.get((b, i, j), 0)
+                lp = float(logp[b, i, j - i, label])
+                weight = 1.0 if label else 0.6
+                want += weight * ((1 - math.exp(lp)) ** 2 - 1) * -lp
+    got = float((focal(X, lengths, gold) - plain(X, lengths, gold)).detach())
+    assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-4)
+    loss = focal(X, lengths, gold)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in focal.parameters() if p.grad is not None)
+    with pytest.raises(ValueError, match="focal_gamma"):
+        FilteredSemiCRFHead(5, 2, focal_gamma=-1.0)
 
 
 @pytest.mark.parametrize("options", [None, "candidates"])

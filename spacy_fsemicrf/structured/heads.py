@@ -185,6 +185,11 @@ class FilteredSemiCRFHead(nn.Module):
     segments, as it scores the null tokens) to the training loss: the span representation the
     local classifier shares with the global scores then also learns from whole segmentations.
     Training only.
+
+    ``focal_gamma = g > 0`` multiplies each span's local cross-entropy by ``(1 - p)^g``, ``p``
+    the probability of its gold label (the focal loss of Lin et al., 2017): the many spans the
+    classifier already calls null with confidence weigh little, so they do not teach it to call
+    null the entities it is unsure of. Training only.
     """
 
     def __init__(
@@ -208,8 +213,11 @@ class FilteredSemiCRFHead(nn.Module):
         train_margin: float = 0.0,
         mean_field: int = 0,
         exact_loss: float = 0.0,
+        focal_gamma: float = 0.0,
     ) -> None:
         super().__init__()
+        if focal_gamma < 0:
+            raise ValueError(f"focal_gamma must be >= 0, got {focal_gamma}")
         if exact_loss < 0:
             raise ValueError(f"exact_loss must be >= 0, got {exact_loss}")
         if mean_field < 0:
@@ -228,6 +236,7 @@ class FilteredSemiCRFHead(nn.Module):
         self.null_tokens = null_tokens
         self.train_margin = train_margin
         self.exact_loss = exact_loss
+        self.focal_gamma = focal_gamma
         C = n_labels + 1
         self.context = TokenContext(input_width, context_depth)
         self.word_pool = WordPool(self.context.output_width, word_pool)
@@ -301,6 +310,9 @@ class FilteredSemiCRFHead(nn.Module):
             local.reshape(-1, C).float(), grid.reshape(-1), reduction="none"
         ).view(B, L, K)
         weight = torch.where(grid > 0, 1.0, self.null_weight) * valid
+        if self.focal_gamma > 0:
+            # 1 - p = -expm1(-ce), exact near p = 1; the floor keeps the power's gradient finite
+            weight = weight * torch.expm1(-ce).neg().clamp_min(1e-12).pow(self.focal_gamma)
         loss_local = (ce * weight).sum()
         if self.boundary_smoothing > 0:
             loss_local = loss_local + self._smoothing_correction(local, lengths, gold)
