@@ -103,10 +103,16 @@ def main(argv=None) -> None:
     scores = dict(item.split("=", 1) for item in args.scores)
     res = compare(scores, args.baseline, args.baseline_margin,
                   args.candidate, args.margins)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
-    write_markdown(res, args.output.with_suffix(".md"))
-    print(args.output.with_suffix(".md").read_text())
+    write_outputs(res, args.output, write_markdown)
+
+
+def write_outputs(res: Dict[str, Any], output: Path, markdown) -> None:
+    """OUTPUT.json and OUTPUT.md (by ``markdown(res, path)``), and the table on stdout. The
+    suffixes are appended, not swapped: ``--output x_0.25`` must not lose its ``.25``."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{output}.json").write_text(json.dumps(res, indent=1) + "\n")
+    markdown(res, Path(f"{output}.md"))
+    print(Path(f"{output}.md").read_text())
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict
 
-from paired_settings import by_seed, mean_se
+from paired_settings import by_seed, mean_se, write_outputs
 
 
 def compare(scores: Dict[str, str], candidate: str, margin: float, pipeline: str,
@@ -71,10 +71,7 @@ def main() -> None:
     res = {"candidate": args.candidate, "margin": args.margin, "pipeline": args.pipeline,
            "corpora": compare(scores, args.candidate, args.margin, args.pipeline,
                               json.loads(args.benchmark.read_text()))}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
-    write_markdown(res, args.output.with_suffix(".md"))
-    print(args.output.with_suffix(".md").read_text())
+    write_outputs(res, args.output, write_markdown)
 
 
 if __name__ == "__main__":
