@@ -265,6 +265,28 @@ def test_context_reads_each_document_alone():
         TokenContext(D, depth=-1)
 
 
+def test_context_widths_layers_and_edge_lengths():
+    """D // 2 units per direction (at least one), one LSTM layer per unit of depth, the identity
+    by default; an empty batch, a one-token document and a batch shorter than its padding keep
+    their shapes and each document's own states."""
+    assert TokenContext(D)(torch.ones(1, 2, D), torch.tensor([2])).shape == (1, 2, D)
+    assert not list(TokenContext(D).parameters())
+    assert [TokenContext(w, depth=1).output_width for w in (8, 7, 1)] == [8, 6, 2]
+    # weights and biases, both directions, per layer
+    assert len(list(TokenContext(D, depth=3).parameters())) == 3 * 2 * 4
+    torch.manual_seed(4)
+    context = TokenContext(D, depth=1).eval()
+    with torch.no_grad():
+        assert context(torch.randn(2, 0, D), torch.tensor([0, 0])).shape == (2, 0, D)
+        X = torch.randn(2, 9, D)
+        lengths = torch.tensor([1, 4])  # both shorter than the 9 positions
+        batch = context(X, lengths)
+        assert batch.shape == (2, 9, D)
+        assert torch.allclose(batch[0, :1], context(X[:1, :1], lengths[:1])[0], atol=1e-6)
+        assert torch.allclose(batch[1, :4], context(X[1:, :4], lengths[1:])[0], atol=1e-6)
+        assert (batch[:, 4:] == 0).all() and (batch[0, 1:] == 0).all()
+
+
 def test_filtered_head_validates_its_arguments():
     with pytest.raises(ValueError, match="null_weight"):
         FilteredSemiCRFHead(D, M, null_weight=0.0)
