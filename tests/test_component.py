@@ -150,6 +150,16 @@ def test_docs_without_entity_annotation_are_left_out_of_the_loss(trained_nlp):
     assert mask.tolist() == [False, True]
     assert set(gold[:, 0].tolist()) == {1}
     assert ner.update([missing], sgd=None)["fsemicrf_ner"] == 0.0
+    # beside an annotated one, the unannotated document adds nothing to the loss (a head
+    # without dropout, so that two updates see the same model)
+    nlp = spacy.blank("en")
+    plain = nlp.add_pipe("fsemicrf_ner", config={"model": {"dropout": 0.0}})
+    annotated = make_examples(nlp)[0]
+    nlp.initialize(lambda: [annotated])
+    doc = nlp.make_doc("Apple is in London .")
+    alone = plain.update([annotated], sgd=None)["fsemicrf_ner"]
+    both = plain.update([Example(doc, doc.copy()), annotated], sgd=None)["fsemicrf_ner"]
+    assert alone > 0 and both == pytest.approx(alone, rel=1e-5)
 
 
 def test_gold_entities_wider_than_max_width_are_reported(caplog):
@@ -169,6 +179,23 @@ def test_gold_entities_wider_than_max_width_are_reported(caplog):
     losses = nlp.update(examples)
     assert numpy.isfinite(losses["fsemicrf_ner"])
     assert ner.n_wide_dropped == 2
+
+
+def test_gold_entities_as_wide_as_max_width_are_kept_and_every_wider_one_is_counted():
+    """An entity of exactly max_width tokens is trained on; two wider ones in one document are
+    both counted, and the entity after them in that document is still trained on."""
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": {"max_width": 3}})
+    text = "The University of California at Los Angeles and Bank of New York Mellon met in Paris ."
+    spans = [("The University of California at Los Angeles", "ORG"),
+             ("Bank of New York Mellon", "ORG"), ("Paris", "LOC")]
+    data = [(text, [(text.index(t), text.index(t) + len(t), label) for t, label in spans]),
+            ("New York City is big .", [(0, 13, "LOC")])]
+    examples = make_examples(nlp, data)
+    nlp.initialize(lambda: examples)
+    gold, _ = ner.get_gold(examples)
+    assert gold.tolist() == [[0, 15, 15, 1], [1, 0, 2, 1]]  # LOC = 1; New York City is 3 wide
+    assert ner.n_wide_dropped == 2 and ner.widest_dropped == 7
 
 
 def test_existing_entities_are_kept(trained_nlp):

@@ -116,6 +116,20 @@ def test_nbest_is_ranked_with_probabilities_and_starts_with_the_prediction(train
     assert len({tuple((s.start, s.end, s.label_) for s in g) for g in best}) == len(best)
     numpy.testing.assert_allclose(probs[0], doc.spans["fsemicrf"].attrs["path_probability"], rtol=1e-3)
     assert len(ner.nbest(doc, 1)) == 1  # k = 1 is the prediction alone
+    assert [g.name for g in best] == [f"fsemicrf_nbest_{r}" for r in range(1, len(best) + 1)]
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="positive integer"):
             ner.nbest(doc, bad)
+    if ner.model.attrs["arch"] == "FilteredSemiCRF":
+        # the filtered head ranks the paths of the graph its filter margin keeps
+        margin = ner.filter_margin
+        try:
+            ner.filter_margin = 6.0
+            wide = trained(TWO_ORGS)
+            first = ner.nbest(wide, 3)[0]
+            assert [(s.start, s.end, s.label_) for s in first] == [
+                (e.start, e.end, e.label_) for e in wide.ents]
+            assert [(s.start, s.end, s.label_) for s in first] != [
+                (s.start, s.end, s.label_) for s in best[0]]
+        finally:
+            ner.filter_margin = margin
