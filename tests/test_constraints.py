@@ -29,7 +29,7 @@ from spacy_fsemicrf.structured.constraints import (
     satisfies,
     sentence_index,
 )
-from spacy_fsemicrf.structured.lattice import lattice_search
+from spacy_fsemicrf.structured.lattice import lattice_search, topk
 from spacy_fsemicrf.structured.linear_crf import crf_viterbi, tag_scheme
 from spacy_fsemicrf.structured.pathsearch import search
 from spacy_fsemicrf.structured.semicrf import semicrf_viterbi
@@ -585,3 +585,22 @@ def test_filtered_head_decodes_under_constraints_by_definition(seed):
         in_graph = mine in paths
         want = math.exp(_path_score(mine, [], glob_b, T) - enum.log_z) if in_graph else 0.0
         assert float(out.path[b]) == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10**6))
+def test_topk_is_the_k_largest_by_value_then_index(seed):
+    """Against a sort of (value, index) pairs, on rows with ties; fewer than k entries is an
+    error, not a silently short answer."""
+    rng = numpy.random.default_rng(seed)
+    n = int(rng.integers(1, 7))
+    k = int(rng.integers(1, n + 1))
+    x = rng.integers(-2, 3, size=(3, n)).astype(float)
+    x[rng.random(x.shape) < 0.2] = float("-inf")
+    values, idx = topk(x, k)
+    for row in range(3):
+        want = sorted(range(n), key=lambda i: (-x[row, i], i))[:k]
+        assert idx[row].tolist() == want
+        assert values[row].tolist() == x[row, want].tolist()
+    with pytest.raises(ValueError, match="at least k"):
+        topk(x, n + 1)

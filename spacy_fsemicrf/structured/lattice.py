@@ -27,13 +27,13 @@ Item = Tuple[int, int, int]  # (start, width index w, channel)
 
 def topk(x: numpy.ndarray, k: int) -> Tuple[numpy.ndarray, numpy.ndarray]:
     """The ``k`` largest entries along the last axis, largest first (ties: first index first)
-    and their indices; padded with ``-inf`` (index 0) when the axis is shorter than ``k``."""
+    and their indices. The axis holds at least ``k`` entries: every caller's is a multiple of
+    ``k`` (the ``k`` best of each of several states, labels or widths)."""
+    if x.shape[-1] < k:
+        raise ValueError(f"topk needs at least k = {k} entries, got {x.shape[-1]}")
     if k == 1:
         idx = x.argmax(-1)[..., None]
         return numpy.take_along_axis(x, idx, -1), idx
-    if x.shape[-1] < k:
-        pad = numpy.full(x.shape[:-1] + (k - x.shape[-1],), NEG_INF)
-        x = numpy.concatenate([x, pad], -1)
     idx = numpy.argsort(-x, axis=-1, kind="stable")[..., :k]
     return numpy.take_along_axis(x, idx, -1), idx
 
