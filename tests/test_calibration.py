@@ -65,6 +65,10 @@ def _decoded(head, *inputs) -> Tuple[Dict[Row, float], Dict[Row, float], Dict[in
             out = head(*inputs, options=ALL_EXTRAS)
     ents = {tuple(r): float(v) for r, v in zip(out.spans.tolist(), out.scores.tolist())}
     rows, values = out.candidates
+    for found in (out.spans, rows):  # both sorted by (doc, start), as Prediction says
+        keys = [(doc, start) for doc, start, _, _ in found.tolist()]
+        assert keys == sorted(keys)
+        assert len({tuple(r) for r in found.tolist()}) == len(found)  # each span once
     cands = {tuple(r): float(v) for r, v in zip(rows.tolist(), values.tolist())}
     return ents, cands, dict(enumerate(out.path.tolist()))
 
