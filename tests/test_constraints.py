@@ -96,6 +96,18 @@ def test_dicts_round_trip():
         ({"kind": "forbid_labels", "start": -1}, "non-negative token offset"),
         ({"kind": "force_span", "start": 2, "end": 1, "label": "A"}, "end must be after start"),
         ({"kind": "force_span", "start": 0, "label": "A"}, "force_span"),
+        # each message names the field at fault
+        ({"kind": "forbid_labels", "labels": 5}, "labels must be a list of label names"),
+        ({"kind": "forbid_labels", "labels": ["A", ""]}, "labels must be a non-empty label name"),
+        ({"kind": "forbid_labels", "start": -1}, "start must be a non-negative token offset"),
+        ({"kind": "forbid_labels", "end": -1}, "end must be a non-negative token offset"),
+        ({"kind": "force_span", "start": None, "end": 2, "label": "A"},
+         "start must be a non-negative token offset"),
+        ({"kind": "force_span", "start": 0, "end": None, "label": "A"},
+         "end must be a non-negative token offset"),
+        ({"kind": "force_span", "start": 2, "end": 2, "label": "A"}, "end must be after start"),
+        ({"kind": "force_span", "start": 0, "end": 2, "label": ""},
+         "label must be a non-empty label name"),
         ("at_most A 1", "a dict"),
     ],
 )
