@@ -292,9 +292,30 @@ def test_filtered_head_validates_its_arguments():
         FilteredSemiCRFHead(D, M, null_weight=0.0)
     with pytest.raises(ValueError, match="hidden_depth"):
         FilteredSemiCRFHead(D, M, hidden_depth=0)
+    with pytest.raises(ValueError, match="null_weight"):
+        FilteredSemiCRFHead(D, M, null_weight=1.5)
+    FilteredSemiCRFHead(D, M, null_weight=1.0)  # the paper's unweighted loss is allowed
+    with pytest.raises(ValueError, match="^null_tokens needs transitions = false: a cell"):
+        FilteredSemiCRFHead(D, M, null_tokens=True, transitions=True)
     head = FilteredSemiCRFHead(D, M, max_width=2)
     with pytest.raises(ValueError, match="max_width"):
         head(torch.randn(1, 5, D), torch.tensor([5]), torch.tensor([[0, 0, 3, 1]]))
+
+
+def test_filtered_head_settings_reach_its_layers():
+    """The documented defaults, and each setting where it acts: the span scorer's width,
+    normalisation and document vector, the BiLSTM context, the transitions, the label count."""
+    head = FilteredSemiCRFHead(D, M)
+    assert (head.max_width, head.n_labels, head.transitions) == (10, M, None)
+    featurizer = head.scorer.featurizer
+    assert head.scorer.output.in_features == 128 and featurizer.width_emb.shape == (10, 128)
+    assert featurizer.norm is None and featurizer.doc_proj is None and head.context.lstm is None
+    assert head.scorer.output.out_features == 2 * (M + 1)
+    other = FilteredSemiCRFHead(D, M, span_norm=True, doc_vector=True, context_depth=1,
+                                transitions=True)
+    featurizer = other.scorer.featurizer
+    assert featurizer.norm is not None and featurizer.doc_proj is not None
+    assert other.context.lstm is not None and other.transitions.shape == (M + 2, M + 2)
 
 
 @pytest.mark.parametrize("name", ["FilteredSemiCRF", "SemiCRF"])
