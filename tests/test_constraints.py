@@ -264,6 +264,20 @@ def test_filtered_drops_only_when_needed():
     assert out.reports[0].status == "infeasible" and len(out.spans) == 3
 
 
+def test_filtered_path_that_drops_every_node_is_the_empty_path_of_score_zero():
+    """'No A' over a graph of A nodes leaves them all off: the empty path, which takes no
+    transition (START -> END scores 0 whatever the matrix holds there)."""
+    index = torch.tensor([0, 2 * 2])  # A [0,0] and A [2,2], grid [1, 4, 2]
+    nodes = filtered.NodeSet(index, torch.tensor([1, 1]), torch.tensor([2.0, 1.0]), (1, 4, 2))
+    T = torch.full((4, 4), 0.5, dtype=torch.float64)  # [C + 1, C + 1], C = 3 (null, A, B)
+    program = compile_constraints([{"kind": "at_most", "label": "A", "n": 0}], ["A", "B"])
+    out = filtered_constrained(nodes, torch.tensor([4]), T, [DocConstraints(program)])
+    report = out.reports[0]
+    assert out.spans.tolist() == [] and report.status == "optimal" and report.dropped == 2
+    assert report.score == 0.0
+    assert report.unconstrained == pytest.approx(2.0 + 1.0 + 3 * 0.5)  # START, A -> A, END
+
+
 def test_filtered_force_span_adds_a_node():
     index = torch.tensor([0])  # A [0,0]
     nodes = filtered.NodeSet(index, torch.tensor([1]), torch.tensor([1.0]), (1, 4, 2))
