@@ -6,7 +6,8 @@ and scored in plain Python, independently of the tensor code under test.
 * Semi-CRF: :func:`segmentations`, :func:`segmentation_score`, :func:`semicrf_enumerate`.
 * Linear-chain CRF: :func:`tag_sequences`, :func:`tag_sequence_score`, :func:`crf_enumerate`,
   :func:`crf_span_probabilities`.
-* Filtered semi-CRF graph: :func:`maximal_nonoverlapping_sets`, :func:`liang_edges`,
+* Filtered semi-CRF graph: :func:`nonoverlapping_sets`, :func:`maximal_nonoverlapping_sets`,
+  :func:`liang_edges`,
   :func:`filtered_enumerate`.
 """
 
@@ -208,20 +209,17 @@ def _overlap(a: Interval, b: Interval) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def maximal_nonoverlapping_sets(nodes: List[Interval]) -> List[List[int]]:
-    """Every maximal set of pairwise non-overlapping intervals ``(start, end_inclusive)``, as
-    sorted lists of indices into ``nodes``. No nodes: the single empty set."""
-    order = sorted(range(len(nodes)), key=lambda k: nodes[k])
+def nonoverlapping_sets(nodes: Sequence[Sequence[int]]) -> List[List[int]]:
+    """Every set of pairwise non-overlapping intervals (a node's first two entries are its
+    ``(start, end_inclusive)``), the empty set first, as lists of indices into ``nodes`` in start
+    order. Grown one interval at a time in start order: each set is listed once, and a set with
+    an overlap is never built (so the cost follows the answer, not ``2^n``)."""
+    order = sorted(range(len(nodes)), key=lambda k: tuple(nodes[k][:2]))
     found: List[List[int]] = []
 
     def grow(chosen: List[int], after: int, last_end: int) -> None:
         # Disjoint intervals have distinct starts, so listing them by start visits each set once.
-        if all(
-            any(_overlap(nodes[k], nodes[c]) for c in chosen)
-            for k in range(len(nodes))
-            if k not in chosen
-        ):
-            found.append(sorted(chosen))
+        found.append(chosen)
         for pos in range(after, len(order)):
             k = order[pos]
             if nodes[k][0] > last_end:
@@ -229,6 +227,16 @@ def maximal_nonoverlapping_sets(nodes: List[Interval]) -> List[List[int]]:
 
     grow([], 0, -1)
     return found
+
+
+def maximal_nonoverlapping_sets(nodes: List[Interval]) -> List[List[int]]:
+    """Every maximal set of pairwise non-overlapping intervals ``(start, end_inclusive)``, as
+    sorted lists of indices into ``nodes``. No nodes: the single empty set."""
+    return [
+        sorted(chosen) for chosen in nonoverlapping_sets(nodes)
+        if all(any(_overlap(nodes[k], nodes[c]) for c in chosen)
+               for k in range(len(nodes)) if k not in chosen)
+    ]
 
 
 def liang_edges(nodes: List[Interval]) -> List[Edge]:

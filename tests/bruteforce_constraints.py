@@ -23,7 +23,8 @@ from spacy_fsemicrf.structured.constraints import (
     compile_constraints,
 )
 
-from .bruteforce import entities_by_definition, segmentation_score, segmentations
+from .bruteforce import entities_by_definition, nonoverlapping_sets, segmentation_score
+from .bruteforce import segmentations
 from .bruteforce import tag_sequence_score, tag_sequences
 
 Span = Tuple[int, int, int]  # (start, end inclusive, label id)
@@ -180,7 +181,7 @@ def filtered_reference(
     drop = droppable_labels(constraints, labels)
     droppable = [v[2] in drop and v[:3] not in forced for v in V]
     best = None
-    for chosen in _nonoverlapping_subsets(V):
+    for chosen in nonoverlapping_sets(V):
         path = [V[i] for i in chosen]
         outside = [
             i for i in range(len(V)) if i not in chosen and not any(_overlap(V[i], p) for p in path)
@@ -199,21 +200,6 @@ def filtered_reference(
         if best is None or key > best[0]:
             best = (key, spans)
     return None if best is None else (-best[0][0], best[0][1], best[1])
-
-
-def _nonoverlapping_subsets(V) -> List[List[int]]:
-    order = sorted(range(len(V)), key=lambda i: V[i][:2])
-    out: List[List[int]] = []
-
-    def grow(chosen: List[int], pos: int, last_end: int) -> None:
-        out.append(list(chosen))
-        for p in range(pos, len(order)):
-            i = order[p]
-            if V[i][0] > last_end:
-                grow(chosen + [i], p + 1, V[i][1])
-
-    grow([], 0, -1)
-    return out
 
 
 def semicrf_reference(scores, transitions, length, constraints, labels, sentence_starts, k=None):

@@ -11,6 +11,8 @@ from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead
 from spacy_fsemicrf.structured.null_tokens import add_null_tokens, null_token_scores
 from spacy_fsemicrf.structured.prediction import DecodeOptions
 
+from .bruteforce import nonoverlapping_sets
+
 
 def random_nodes(gen, B, L, K, p, n_labels=3):
     """A random NodeSet on ``[B, L, K]`` (nodes within the document) and null scores."""
@@ -36,19 +38,16 @@ def enumerate_sets(nodes, null):
     for i in range(n):
         row, width = divmod(int(nodes.index[i]), K)
         doc, start = divmod(row, L)
-        spans.append((doc, set(range(start, start + width + 1))))
+        spans.append((doc, start, start + width))
     out = []
     for b in range(B):
         mine = [i for i in range(n) if spans[i][0] == b]
-        covered = set().union(*(spans[i][1] for i in mine)) if mine else set()
-        # every subset of pairwise disjoint nodes, grown one node at a time and cut as soon as
-        # two overlap (the same sets as filtering all 2^n subsets, without listing the others)
-        subsets = [((), frozenset())]
-        for i in mine:
-            subsets += [(sub + (i,), used | spans[i][1]) for sub, used in subsets
-                        if not used & spans[i][1]]
+        tokens_of = {i: set(range(spans[i][1], spans[i][2] + 1)) for i in mine}
+        covered = set().union(*tokens_of.values())
         weights = []
-        for subset, tokens in subsets:
+        for chosen in nonoverlapping_sets([spans[i][1:] for i in mine]):
+            subset = tuple(mine[j] for j in chosen)
+            tokens = set().union(*(tokens_of[i] for i in subset))
             score = sum(float(nodes.scores[i]) for i in subset)
             score += sum(float(null[b, t]) for t in covered - tokens)
             weights.append((score, subset))
