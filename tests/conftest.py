@@ -3,6 +3,7 @@
 Everything runs on the CPU with one torch thread (the test machine is small and shared) and
 on a tiny corpus written by the tests, so no data set or network is needed.
 """
+import functools
 import random
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -81,10 +82,8 @@ def train_pipeline(nlp, examples, n_iter: int = 40, seed: int = 0):
     return losses
 
 
-@pytest.fixture(scope="session")
-def trained():
-    """``(nlp, losses)``: a blank English pipeline with the default fsemicrf_ner (no config at
-    all), trained on TRAIN_DATA, and its loss after each update."""
+@functools.lru_cache(maxsize=None)
+def _trained_once():
     random.seed(0)
     numpy.random.seed(0)
     nlp = spacy.blank("en")
@@ -94,7 +93,15 @@ def trained():
     return nlp, losses
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # module fixtures build on it; the training runs only once
+def trained():
+    """``(nlp, losses)``: a blank English pipeline with the default fsemicrf_ner (no config at
+    all), trained on TRAIN_DATA, and its loss after each update. Trained once for the whole
+    test run and shared: tests must not modify it."""
+    return _trained_once()
+
+
+@pytest.fixture(scope="module")
 def trained_nlp(trained):
     """The trained pipeline of ``trained`` (tests must not modify it)."""
     return trained[0]
