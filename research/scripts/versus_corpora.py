@@ -26,16 +26,16 @@ def compare(scores: Dict[str, str], candidate: str, margin: float, pipeline: str
     out: Dict[str, Any] = {}
     for corpus, path in scores.items():
         cand = by_seed(json.loads(Path(path).read_text()), candidate)
-        ref = {str(r["seed"]): r for r in benchmark["runs"]
+        ref = {f"seed{r['seed']}": r for r in benchmark["runs"]  # named as by_seed names them
                if r["corpus"] == corpus and r["pipeline"] == pipeline}
-        seeds = sorted(set(cand) & {f"seed{s}" for s in ref}, key=lambda s: int(s[4:]))
+        seeds = sorted(set(cand) & set(ref), key=lambda s: int(s[4:]))
         if not seeds:
             raise ValueError(f"{path}: no seed has both {candidate} and {corpus}/{pipeline}")
         cell: Dict[str, Any] = {"seeds": seeds}
         for split in ("dev", "test"):
             for metric in ("f", "p", "r"):
                 diffs = [100 * (cand[s][str(float(margin))][split][metric]
-                                - ref[s[4:]][split][f"ents_{metric}"]) for s in seeds]
+                                - ref[s][split][f"ents_{metric}"]) for s in seeds]
                 cell[f"{split}_{metric}"] = {**mean_se(diffs), "diffs": diffs}
         out[corpus] = cell
     return out
