@@ -196,7 +196,6 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if not isinstance(spans_key, str) or not spans_key:
             raise ValueError(f"spans_key must be a non-empty string, got {spans_key!r}")
         self._spans_key = spans_key
-        self._filter_margin = 0.0
         self.filter_margin = filter_margin
         self.threshold = threshold
         self.candidates_key = candidates_key

@@ -411,6 +411,7 @@ def test_scores_are_calibrated_and_the_map_is_saved(small_nlp, tmp_path):
         scores = doc.spans["fsemicrf"].attrs["scores"]
         numpy.testing.assert_allclose(scores, apply_calibration(fitted, raw), rtol=1e-5)
         assert numpy.all((scores >= 0) & (scores <= 1))
+        assert scores.dtype == raw.dtype == numpy.float32
         assert 0 < doc.spans["fsemicrf"].attrs["path_probability"] <= 1
     nlp.to_disk(tmp_path / "calibrated")
     loaded = spacy.load(tmp_path / "calibrated")
@@ -461,6 +462,7 @@ def test_candidates_hold_the_kept_nodes_with_their_scores(small_nlp, tmp_path):
     n_more = 0
     for doc in docs:
         ents, cands = doc.spans["fsemicrf"], doc.spans["cands"]
+        assert (ents.name, cands.name) == ("fsemicrf", "cands")
         scores = dict(zip([(s.start, s.end, s.label_) for s in cands], cands.attrs["scores"]))
         for span, score in zip(ents, ents.attrs["scores"]):
             assert scores[(span.start, span.end, span.label_)] == pytest.approx(score, rel=1e-5)
@@ -518,7 +520,10 @@ def test_a_pipeline_without_a_map_gives_raw_scores_and_warns_once(small_nlp, tmp
     old = spacy.load(tmp_path / "old")
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         docs = list(old.pipe([t for t, _ in TRAIN_DATA])) + [old("Mary flew to Berlin .")]
-    assert sum("no calibration map" in r.getMessage() for r in caplog.records) == 1
+    assert [r.getMessage() for r in caplog.records if "calibration" in r.getMessage()] == [
+        "fsemicrf_ner: the pipeline has no calibration map, so doc.spans['fsemicrf'].attrs"
+        "['scores'] are the raw confidences of the head (not calibrated). Fit one on a "
+        "development set: python -m spacy_fsemicrf calibrate MODEL DEV.spacy"]
     assert any(len(doc.ents) for doc in docs)
     expected = list(small_nlp.pipe([t for t, _ in TRAIN_DATA]))
     assert _ents(docs[:-1]) == _ents(expected)

@@ -5,6 +5,8 @@ import logging
 import numpy
 import pytest
 import spacy
+import srsly
+import torch
 from spacy.tokens import Doc
 from spacy.training import Example
 
@@ -29,8 +31,9 @@ def test_wide_entities_are_reported_at_each_new_power_of_ten(caplog):
     assert [len(w) for w in warned] == [1, 0, 0, 1, 0, 0, 1]
     for (n, total, widest) in [(0, 1, 12), (3, 10, 15), (6, 100, 20)]:
         assert totals[n] == total
-        assert f": {total} gold entities wider than max_width={ner.max_width} tokens" in warned[n][0]
-        assert f"max_width={widest} would keep them all" in warned[n][0]
+        assert warned[n][0] == (
+            f"fsemicrf_ner: {total} gold entities wider than max_width={ner.max_width} tokens "
+            f"have been left out of training so far; max_width={widest} would keep them all.")
     assert ner.n_wide_dropped == 100 and ner.widest_dropped == 20
 
 
@@ -65,7 +68,8 @@ def test_documents_without_tokens_predict_nothing_with_the_usual_types(initializ
     prediction = ner.predict([nlp.make_doc(""), nlp.make_doc("")])
     assert prediction.spans.shape == (0, 4) and prediction.spans.dtype == numpy.int64
     assert prediction.scores.shape == (0,) and prediction.scores.dtype == numpy.float32
-    assert prediction.path.tolist() == [1.0, 1.0]
+    assert prediction.path.tolist() == [1.0, 1.0] and prediction.path.dtype == numpy.float32
+    assert prediction.candidates is None and prediction.reports is None
 
 
 def test_update_adds_its_loss_to_the_running_total(initialized):
@@ -92,9 +96,14 @@ def test_initialize_reports_the_entities_wider_than_max_width(caplog):
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         nlp.initialize(lambda: make_examples(nlp, data))
     warnings = [r.getMessage() for r in caplog.records if "wider than" in r.getMessage()]
-    assert len(warnings) == 1
-    assert warnings[0].startswith("fsemicrf_ner: 2 of 3 gold entities in the initialization examples")
-    assert "max_width=2 tokens" in warnings[0] and "max_width=4 would keep them all" in warnings[0]
+    assert warnings == [
+        "fsemicrf_ner: 2 of 3 gold entities in the initialization examples are wider than "
+        "max_width=2 tokens and cannot be learned (they are left out of training). "
+        "max_width=4 would keep them all."]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: make_examples(nlp, data[1:2]))  # nothing too wide: no warning
+    assert not [r for r in caplog.records if "wider than" in r.getMessage()]
 
 
 def test_the_class_alone_has_the_documented_defaults():
@@ -114,3 +123,185 @@ def test_the_class_alone_has_the_documented_defaults():
     for bad in ("", 3, None):
         with pytest.raises(ValueError, match="spans_key must be a non-empty string"):
             FSemiCRFEntityRecognizer(nlp.vocab, model, spans_key=bad)
+
+
+def test_add_label_records_each_new_label_once():
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner")
+    assert ner.add_label("ZZFRESH") == 1
+    assert ner.labels == ("ZZFRESH",) and "ZZFRESH" in nlp.vocab.strings
+    assert ner.add_label("ZZFRESH") == 0 and ner.labels == ("ZZFRESH",)
+    with pytest.raises(ValueError, match=r"^\[fsemicrf_ner\] every label must be a non-empty string"):
+        ner.add_label("")
+
+
+def test_labels_that_are_not_a_list_of_strings_are_refused_with_the_reason():
+    from spacy_fsemicrf.component import check_labels
+
+    assert check_labels(("A", "B"), "ner") == ["A", "B"]
+    with pytest.raises(ValueError) as err:
+        check_labels("PER", "ner")
+    assert str(err.value) == "[ner] labels must be a list of strings, got 'PER' (did you mean ['PER']?)"
+    with pytest.raises(ValueError) as err:
+        check_labels({"PER": 1}, "ner")  # iterable, but not a list
+    assert str(err.value) == "[ner] labels must be a list of strings, got {'PER': 1}"
+
+
+def test_initialize_and_update_name_themselves_in_their_errors():
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    with pytest.raises(TypeError, match=r"`FSemiCRFEntityRecognizer\.initialize`"):
+        ner.initialize(None)
+    examples = make_examples(nlp)
+    with pytest.raises(ValueError, match=r"^\[fsemicrf_ner\] labels must be a list of strings"):
+        ner.initialize(lambda: examples, nlp=nlp, labels="PER")
+    with pytest.raises(TypeError, match=r"The FSemiCRFEntityRecognizer\.update method"):
+        ner.update(["not an example"])
+
+
+def test_initialize_with_given_labels_warns_about_the_others(caplog):
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    examples = make_examples(nlp)  # LOC, ORG and PER entities
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        ner.initialize(lambda: examples, nlp=nlp, labels=["PER", "ZZNEW"])
+    assert ner.labels == ("PER", "ZZNEW") and "ZZNEW" in nlp.vocab.strings
+    assert [r.getMessage() for r in caplog.records] == [
+        "fsemicrf_ner: the examples contain entity labels that are not in the labels given to "
+        "initialize: ['LOC', 'ORG']. Training on them will fail."]
+
+
+def test_initialize_keeps_earlier_labels_once_and_rebuilds_the_head_for_more():
+    """Labels added before come first, each once; initializing again with one more label
+    builds a head for the larger set."""
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    ner.add_label("PER")
+    examples = make_examples(nlp)
+    nlp.initialize(lambda: examples)
+    assert ner.labels == ("PER", "LOC", "ORG")
+    ner.initialize(lambda: examples, nlp=nlp, labels=["ZZNEW"])
+    assert ner.labels == ("PER", "LOC", "ORG", "ZZNEW")
+    assert ner.model.get_dim("nO") == 4 and ner.model.get_ref("head").get_dim("nO") == 4
+
+
+def test_initialize_keeps_the_configured_constraints():
+    rule = {"kind": "at_most", "label": "PER", "n": 1, "scope": "doc"}
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(), "constraints": [rule]})
+    before = ner.constraints
+    nlp.initialize(lambda: make_examples(nlp))
+    assert len(before) == 1 and ner.constraints == before
+
+
+def test_update_is_one_optimizer_step_on_the_gradient_of_the_loss():
+    """update = the model's loss on the gold rows, its gradient (d_loss = 1) and a step of the
+    optimizer given, at the default dropout of 0: the same weights as those steps by hand."""
+    from spacy.util import fix_random_seed
+    from thinc.api import SGD, set_dropout_rate
+
+    from spacy_fsemicrf.architectures import ModelInput
+
+    def fresh():
+        fix_random_seed(0)
+        nlp = spacy.blank("en")
+        nlp.add_pipe("fsemicrf_ner", config={"model": model_config(dropout=0.0)})
+        examples = make_examples(nlp)
+        nlp.initialize(lambda: examples)
+        return nlp.get_pipe("fsemicrf_ner"), examples
+
+    ner, examples = fresh()
+    # plain steps: no gradient clipping or weight decay, which could hide a scaled gradient
+    losses = ner.update(examples, sgd=SGD(0.1, L2=0.0, grad_clip=0.0))
+    by_hand, examples = fresh()
+    before = [p.detach().clone() for p in by_hand.torch_head.parameters()]
+    gold, mask = by_hand.get_gold(examples)
+    set_dropout_rate(by_hand.model, 0.0)
+    loss, backprop = by_hand.model.begin_update(
+        ModelInput([eg.predicted for eg in examples], gold, mask))
+    backprop(1.0)
+    by_hand.finish_update(SGD(0.1, L2=0.0, grad_clip=0.0))
+    assert losses["fsemicrf_ner"] == pytest.approx(loss, rel=1e-6)
+    after = list(by_hand.torch_head.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(after, before))  # the step moved them
+    for a, b in zip(ner.torch_head.parameters(), after):
+        assert torch.equal(a, b)
+
+
+def test_pipe_hands_batch_errors_to_the_error_handler(initialized, monkeypatch):
+    """An error while a batch is annotated goes to the component's error handler with the
+    component's name, the component, the batch and the error; the call's constraints are
+    checked before any batch, so a bad one raises whatever the handler does."""
+    from spacy.util import raise_error
+
+    nlp, _ = initialized
+    ner = nlp.get_pipe("fsemicrf_ner")
+    seen = []
+    ner.set_error_handler(lambda name, proc, docs, e: seen.append((name, proc, docs, e)))
+    boom = RuntimeError("boom")
+
+    def fail(docs):
+        raise boom
+
+    try:
+        docs = [nlp.make_doc("Paris"), nlp.make_doc("Rome")]
+        with monkeypatch.context() as patched:
+            patched.setattr(ner, "predict", fail)
+            assert list(ner.pipe(docs)) == []
+        assert len(seen) == 1
+        name, proc, batch, err = seen[0]
+        assert name == "fsemicrf_ner" and proc is ner and err is boom
+        assert len(batch) == 2 and all(a is b for a, b in zip(batch, docs))
+        with pytest.raises(ValueError, match="NOPE"):
+            list(ner.pipe(docs, constraints=[{"kind": "at_most", "label": "NOPE", "n": 1}]))
+    finally:
+        ner.set_error_handler(raise_error)
+
+
+def test_get_gold_rows_are_int64_and_the_linear_crf_keeps_wide_entities():
+    """The linear-chain CRF learns entities of any width: none is left out of its gold rows.
+    A reference with entity annotation but no entity gives an empty int64 table and counts."""
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={
+        "model": model_config("spacy-fsemicrf.LinearCRF.v1", max_width=2)})
+    examples = make_examples(nlp, [("Bank of America rose .", [(0, 15, "ORG")])])
+    nlp.initialize(lambda: examples)
+    gold, mask = ner.get_gold(examples)
+    assert gold.tolist() == [[0, 0, 2, 1]] and mask.dtype == bool and mask.tolist() == [True]
+    words = ["Nobody", "came", "."]
+    empty = Example(Doc(nlp.vocab, words=words), Doc(nlp.vocab, words=words, ents=["O"] * 3))
+    gold, mask = ner.get_gold([empty])
+    assert gold.shape == (0, 4) and gold.dtype == numpy.int64 and mask.tolist() == [True]
+
+
+def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized, tmp_path):
+    import re
+
+    nlp, _ = initialized
+    saved = nlp.get_pipe("fsemicrf_ner")
+    ner = spacy.blank("en").add_pipe("fsemicrf_ner")
+    own = ner._load_error(ValueError("fsemicrf_ner: a message of its own"), "bytes")
+    assert isinstance(own, ValueError) and str(own) == "fsemicrf_ner: a message of its own"
+    assert str(ner._load_error(KeyError("W"), "/a/path")) == (
+        "Cannot load the 'fsemicrf_ner' component from /a/path: the model built from the current "
+        "config does not match the saved one ('W'). Load the pipeline with the config it was "
+        "trained with.")
+    other = spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": model_config(
+        tok2vec={**model_config()["tok2vec"], "width": 24})})
+    with pytest.raises(ValueError, match=r"^Cannot load the 'fsemicrf_ner' component from bytes: ") as err:
+        other.from_bytes(saved.to_bytes())
+    assert f"({err.value.__cause__})" in str(err.value)  # what did not match
+    path = tmp_path / "ner"
+    saved.to_disk(path, exclude=["vocab"])
+    assert (path / "model").exists() and not (path / "vocab").exists()
+    with pytest.raises(ValueError, match="^Cannot load the 'fsemicrf_ner' component from "
+                       + re.escape(str(path)) + ": "):
+        other.from_disk(path, exclude=["vocab"])
+    cfg = srsly.read_json(path / "cfg")
+    srsly.write_json(path / "cfg", {**cfg, "labels": cfg["labels"] + ["ZZX"]})
+    fresh = spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": model_config(dropout=0.0)})
+    with pytest.raises(ValueError) as err:
+        fresh.from_disk(path, exclude=["vocab"])
+    assert str(err.value) == (
+        "The saved 'fsemicrf_ner' model predicts 3 labels but its cfg lists 4 "
+        "(['LOC', 'ORG', 'PER', 'ZZX']): the saved pipeline is inconsistent.")
