@@ -23,9 +23,14 @@ from spacy_fsemicrf.structured.constraints import (
     compile_constraints,
 )
 
-from .bruteforce import entities_by_definition, nonoverlapping_sets, segmentation_score
-from .bruteforce import segmentations
-from .bruteforce import tag_sequence_score, tag_sequences
+from .bruteforce import (
+    entities_by_definition,
+    nonoverlapping_sets,
+    segmentation_score,
+    segmentations,
+    tag_sequence_score,
+    tag_sequences,
+)
 
 Span = Tuple[int, int, int]  # (start, end inclusive, label id)
 

@@ -1,6 +1,7 @@
 """Component methods that need no trained model: the report of gold entities too wide to learn,
 the loss of a batch, the prediction for documents without tokens."""
 import logging
+import re
 
 import numpy
 import pytest
@@ -15,6 +16,21 @@ try:  # tests/ as a package (tests/__init__.py) or as a plain directory
 except ImportError:  # pragma: no cover
     from conftest import make_examples, model_config
 
+
+
+def _component(arch: str = "spacy-fsemicrf.FilteredSemiCRF.v1", **model):
+    """``(nlp, ner)``: a blank English pipeline with fsemicrf_ner on the small tok2vec."""
+    nlp = spacy.blank("en")
+    return nlp, nlp.add_pipe("fsemicrf_ner", config={"model": model_config(arch, **model)})
+
+
+def _initialized():
+    """``(nlp, examples)``: the pipeline of :func:`_component` without dropout in the head (so
+    that a training step and a prediction see the same model), initialized on TRAIN_DATA."""
+    nlp, _ = _component(dropout=0.0)
+    examples = make_examples(nlp)
+    nlp.initialize(lambda: examples)
+    return nlp, examples
 
 def test_wide_entities_are_reported_at_each_new_power_of_ten(caplog):
     """One warning when the running count reaches 1, 10, 100, ... (a new digit), with the count
@@ -39,13 +55,8 @@ def test_wide_entities_are_reported_at_each_new_power_of_ten(caplog):
 
 @pytest.fixture(scope="module")
 def initialized():
-    """An initialized (untrained) filtered-head pipeline on the small tok2vec, without dropout
-    in the head (so that a training step and a prediction see the same model)."""
-    nlp = spacy.blank("en")
-    nlp.add_pipe("fsemicrf_ner", config={"model": model_config(dropout=0.0)})
-    examples = make_examples(nlp)
-    nlp.initialize(lambda: examples)
-    return nlp, examples
+    """An initialized (untrained) filtered-head pipeline (:func:`_initialized`)."""
+    return _initialized()
 
 
 def test_get_loss_is_the_update_loss_and_leaves_out_unannotated_docs(initialized):
@@ -86,8 +97,7 @@ def test_update_adds_its_loss_to_the_running_total(initialized):
 def test_initialize_reports_the_entities_wider_than_max_width(caplog):
     """An entity of max_width tokens is learnable; one token more is reported, with the count
     of such entities and the max_width that would keep them all."""
-    nlp = spacy.blank("en")
-    nlp.add_pipe("fsemicrf_ner", config={"model": model_config(max_width=2)})
+    nlp, _ = _component(max_width=2)
     data = [
         ("Bank of America rose .", [(0, 15, "ORG")]),  # 3 tokens
         ("John Smith left .", [(0, 10, "PER")]),  # 2 tokens: fits
@@ -126,8 +136,7 @@ def test_the_class_alone_has_the_documented_defaults():
 
 
 def test_add_label_records_each_new_label_once():
-    nlp = spacy.blank("en")
-    ner = nlp.add_pipe("fsemicrf_ner")
+    nlp, ner = _component()
     assert ner.add_label("ZZFRESH") == 1
     assert ner.labels == ("ZZFRESH",) and "ZZFRESH" in nlp.vocab.strings
     assert ner.add_label("ZZFRESH") == 0 and ner.labels == ("ZZFRESH",)
@@ -148,8 +157,7 @@ def test_labels_that_are_not_a_list_of_strings_are_refused_with_the_reason():
 
 
 def test_initialize_and_update_name_themselves_in_their_errors():
-    nlp = spacy.blank("en")
-    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    nlp, ner = _component()
     with pytest.raises(TypeError, match=r"`FSemiCRFEntityRecognizer\.initialize`"):
         ner.initialize(None)
     examples = make_examples(nlp)
@@ -160,8 +168,7 @@ def test_initialize_and_update_name_themselves_in_their_errors():
 
 
 def test_initialize_with_given_labels_warns_about_the_others(caplog):
-    nlp = spacy.blank("en")
-    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    nlp, ner = _component()
     examples = make_examples(nlp)  # LOC, ORG and PER entities
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         ner.initialize(lambda: examples, nlp=nlp, labels=["PER", "ZZNEW"])
@@ -174,8 +181,7 @@ def test_initialize_with_given_labels_warns_about_the_others(caplog):
 def test_initialize_keeps_earlier_labels_once_and_rebuilds_the_head_for_more():
     """Labels added before come first, each once; initializing again with one more label
     builds a head for the larger set."""
-    nlp = spacy.blank("en")
-    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    nlp, ner = _component()
     ner.add_label("PER")
     examples = make_examples(nlp)
     nlp.initialize(lambda: examples)
@@ -204,10 +210,7 @@ def test_update_is_one_optimizer_step_on_the_gradient_of_the_loss():
 
     def fresh():
         fix_random_seed(0)
-        nlp = spacy.blank("en")
-        nlp.add_pipe("fsemicrf_ner", config={"model": model_config(dropout=0.0)})
-        examples = make_examples(nlp)
-        nlp.initialize(lambda: examples)
+        nlp, examples = _initialized()
         return nlp.get_pipe("fsemicrf_ner"), examples
 
     ner, examples = fresh()
@@ -261,9 +264,7 @@ def test_pipe_hands_batch_errors_to_the_error_handler(initialized, monkeypatch):
 def test_get_gold_rows_are_int64_and_the_linear_crf_keeps_wide_entities():
     """The linear-chain CRF learns entities of any width: none is left out of its gold rows.
     A reference with entity annotation but no entity gives an empty int64 table and counts."""
-    nlp = spacy.blank("en")
-    ner = nlp.add_pipe("fsemicrf_ner", config={
-        "model": model_config("spacy-fsemicrf.LinearCRF.v1", max_width=2)})
+    nlp, ner = _component("spacy-fsemicrf.LinearCRF.v1", max_width=2)
     examples = make_examples(nlp, [("Bank of America rose .", [(0, 15, "ORG")])])
     nlp.initialize(lambda: examples)
     gold, mask = ner.get_gold(examples)
@@ -275,8 +276,6 @@ def test_get_gold_rows_are_int64_and_the_linear_crf_keeps_wide_entities():
 
 
 def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized, tmp_path):
-    import re
-
     nlp, _ = initialized
     saved = nlp.get_pipe("fsemicrf_ner")
     ner = spacy.blank("en").add_pipe("fsemicrf_ner")
@@ -286,8 +285,7 @@ def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized
         "Cannot load the 'fsemicrf_ner' component from /a/path: the model built from the current "
         "config does not match the saved one ('W'). Load the pipeline with the config it was "
         "trained with.")
-    other = spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": model_config(
-        tok2vec={**model_config()["tok2vec"], "width": 24})})
+    _, other = _component(tok2vec={**model_config()["tok2vec"], "width": 24})
     with pytest.raises(ValueError, match=r"^Cannot load the 'fsemicrf_ner' component from bytes: ") as err:
         other.from_bytes(saved.to_bytes())
     assert f"({err.value.__cause__})" in str(err.value)  # what did not match
@@ -299,7 +297,7 @@ def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized
         other.from_disk(path, exclude=["vocab"])
     cfg = srsly.read_json(path / "cfg")
     srsly.write_json(path / "cfg", {**cfg, "labels": cfg["labels"] + ["ZZX"]})
-    fresh = spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": model_config(dropout=0.0)})
+    _, fresh = _component(dropout=0.0)
     with pytest.raises(ValueError) as err:
         fresh.from_disk(path, exclude=["vocab"])
     assert str(err.value) == (
