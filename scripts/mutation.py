@@ -126,6 +126,7 @@ name (a fixture shared by many tests is paid by whichever runs first). Later run
 import gc
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -142,6 +143,7 @@ COSTS = os.path.abspath("mutation_costs.json")  # in mutants/, where mutmut runs
 RUNS = os.path.abspath("mutation_runs.jsonl")  # one line per mutant: what its run cost
 _calls, _fixtures = {}, {}
 _started = 0.0
+_warm = False
 
 
 def pytest_configure(config):
@@ -172,6 +174,14 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_collection_finish():
+    global _warm
+    if not _warm and "spacy" in sys.modules:
+        # spaCy reads its registries and language data on the first pipeline a process makes
+        # (about 1.5 s): made here once, in the collection mutmut forks every mutant's run
+        # from, instead of once per mutant
+        import spacy
+        spacy.blank("en")
+        _warm = True
     # Everything loaded so far (torch, spaCy, the test modules) lives as long as the process:
     # out of the collector's way, a full collection during a test does not walk it again.
     gc.freeze()
