@@ -469,6 +469,8 @@ def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
         "then estimates the module's.",
         "",
     ]
+    total = sum(int((tree / "mutmut.seconds").read_text().split()[0]) for tree, _ in results.values())
+    lines += [f"The groups below ran for {round(total / 60)} minutes in all.", ""]
     for name, (tree, mutants) in results.items():
         saved = json.loads((tree / "mutation_group.json").read_text())  # what the run used
         workers, sample = saved.pop("workers"), saved.pop("sample", None)
@@ -538,10 +540,13 @@ def run_costs(tree: Path, mutants: List[Mutant]) -> str:
         kind = "survived" if status.get(name) in ("survived", "equivalent") else "detected"
         spent[kind] += secs
         count[kind] += 1
+    detected = sorted(secs for name, secs in seconds.items()
+                      if status.get(name) not in ("survived", "equivalent"))
+    median = detected[len(detected) // 2] if detected else 0.0
     return (f" Time in pytest, summed over the workers: {spent['detected'] / 60:.0f} min for the "
-            f"{count['detected']} mutants the tests detected, {spent['survived'] / 60:.0f} min "
-            f"for the {count['survived']} that survived (or are equivalent), which run every "
-            "test of their function.")
+            f"{count['detected']} mutants the tests detected (median {median:.2f} s each), "
+            f"{spent['survived'] / 60:.0f} min for the {count['survived']} that survived (or "
+            "are equivalent), which run every test of their function.")
 
 
 def _row(label: str, counts: Counter) -> str:
