@@ -108,6 +108,8 @@ def test_dicts_round_trip():
         ({"kind": "force_span", "start": 2, "end": 2, "label": "A"}, "end must be after start"),
         ({"kind": "force_span", "start": 0, "end": 2, "label": ""},
          "label must be a non-empty label name"),
+        ({"kind": "excludes", "label": "", "other": "B"}, "^label must be a non-empty label name"),
+        ({"kind": "requires", "label": "A", "other": 3}, "^other must be a non-empty label name"),
         ("at_most A 1", "a dict"),
     ],
 )
@@ -288,9 +290,57 @@ def test_filtered_force_span_adds_a_node():
     out = filtered_constrained(nodes, lengths, None, [DocConstraints(program)], global_scores=glob)
     assert out.spans.tolist() == [[0, 0, 1, 2]] and out.node.tolist() == [-1]
     assert out.reports[0].status == "optimal" and out.reports[0].score == pytest.approx(0.5)
+    # without the head's global scores a forced span that is not a node scores 0
+    out = filtered_constrained(nodes, lengths, None, [DocConstraints(program)])
+    assert out.spans.tolist() == [[0, 0, 1, 2]] and out.reports[0].score == 0.0
     wide = compile_constraints([ForceSpan(0, 3, "B")], ["A", "B"])  # wider than max_width
     out = filtered_constrained(nodes, lengths, None, [DocConstraints(wide)], global_scores=glob)
     assert out.reports[0].status == "infeasible" and out.spans.tolist() == [[0, 0, 0, 1]]
+
+
+def test_filtered_removing_a_node_can_open_a_better_path_than_the_viterbi_one():
+    """The paths of the filtered graph are its maximal sets of non-overlapping nodes, so a
+    forbidden node, even off the best path, is searched without: here the best path obeys the
+    constraint, but without B the lone A [1,1] becomes a path of its own and wins."""
+    # grid [1, 2, 2]: B [0,0] -10 (index 0), A [0,1] 0 (index 1), A [1,1] 5 (index 2);
+    # paths {A [0,1]} 0 and {B [0,0], A [1,1]} -5
+    nodes = filtered.NodeSet(torch.tensor([0, 1, 2]), torch.tensor([2, 1, 1]),
+                             torch.tensor([-10.0, 0.0, 5.0], dtype=torch.float64), (1, 2, 2))
+    program = compile_constraints([ForbidLabels(("B",), 0, 1)], ["A", "B"])
+    out = filtered_constrained(nodes, torch.tensor([2]), None, [DocConstraints(program)])
+    assert out.spans.tolist() == [[0, 1, 1, 1]] and out.node.tolist() == [2]
+    report = out.reports[0]
+    assert (report.status, report.score, report.unconstrained) == ("optimal", 5.0, 0.0)
+
+
+def test_filtered_forbids_each_remove_their_nodes_and_an_open_end_reaches_the_last_token():
+    """Every forbidden range removes its own nodes (one range does not undo another), and a
+    range without an end runs to the document's end, for nodes and for forced spans alike."""
+    # grid [1, 3, 1]: A [0,0], B [1,1], A [2,2], each on every path
+    nodes = filtered.NodeSet(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 1]),
+                             torch.tensor([1.0, 2.0, 3.0]), (1, 3, 1))
+    lengths = torch.tensor([3])
+    program = compile_constraints(
+        [ForbidLabels(("A",), 0, 1), ForbidLabels(("B",), 1, None)], ["A", "B"])
+    out = filtered_constrained(nodes, lengths, None, [DocConstraints(program)])
+    assert out.spans.tolist() == [[0, 2, 2, 1]] and out.reports[0].status == "optimal"
+    forced = compile_constraints([ForceSpan(2, 3, "A"), ForbidLabels(("A",), 1, None)], ["A", "B"])
+    out = filtered_constrained(nodes, lengths, None, [DocConstraints(forced)])
+    assert (out.reports[0].status, out.reports[0].searched) == ("infeasible", False)
+    assert len(out.spans) == 3
+
+
+def test_filtered_forced_nodes_are_never_dropped():
+    """Two forced spans that are nodes, and at most one A: no path has both, and dropping
+    either would break its force, so the document is infeasible and keeps its prediction."""
+    # grid [1, 3, 1]: A [0,0], B [1,1], A [2,2]
+    nodes = filtered.NodeSet(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 1]),
+                             torch.tensor([1.0, 0.0, 1.0]), (1, 3, 1))
+    program = compile_constraints(
+        [ForceSpan(0, 1, "A"), ForceSpan(2, 3, "A"), AtMost("A", 1, "doc")], ["A", "B"])
+    out = filtered_constrained(nodes, torch.tensor([3]), None, [DocConstraints(program)])
+    assert (out.reports[0].status, out.reports[0].searched) == ("infeasible", True)
+    assert out.spans.tolist() == [[0, 0, 0, 1], [0, 1, 1, 2], [0, 2, 2, 1]]
 
 
 # ----------------------------------------------------------------------------- semi-CRF
@@ -521,11 +571,30 @@ def test_heads_report_and_score_the_constrained_path(kind, seed):
             assert report.status == "infeasible"
             assert report.score == pytest.approx(enum.best_score, abs=1e-4)
         elif math.isclose(ref[0][0], enum.best_score, abs_tol=1e-6):
-            assert report.status == "satisfied" and not report.searched
+            assert report.status == "satisfied" and report.searched is False
             assert report.score == pytest.approx(enum.best_score, abs=1e-4)
         else:
             assert report.status == "optimal" and report.searched is True
             assert report.score == pytest.approx(ref[0][0], abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["semicrf", "crf"])
+def test_heads_report_whether_the_search_ran(kind):
+    """Constraints that contradict each other are not searched, constraints no path meets
+    are searched in vain, and a best path that obeys them needs no search."""
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    head, scores, lengths, _, _ = _head_case(kind, 0)  # lengths 5, 3, 0
+
+    def doc(items):
+        return DocConstraints(compile_constraints(items, LABELS[:2]), (0,))
+
+    docs = [doc([ForceSpan(4, 6, "A")]),  # past the end of the document
+            doc([{"kind": "exactly", "label": "A", "n": 4}]),  # 4 entities in 3 tokens
+            doc([{"kind": "at_most", "label": "A", "n": 1}])]
+    out = head.decode(scores, lengths, DecodeOptions(constraints=docs))
+    assert [(r.status, r.searched) for r in out.reports] == [
+        ("infeasible", False), ("infeasible", True), ("satisfied", False)]
 
 
 @pytest.mark.parametrize("kind", ["semicrf", "crf"])
