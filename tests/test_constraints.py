@@ -682,6 +682,39 @@ def test_filtered_head_decodes_under_constraints_by_definition(seed):
         assert float(out.path[b]) == pytest.approx(want, rel=1e-4, abs=1e-6)
 
 
+def test_filtered_head_on_a_graph_of_one_path():
+    """Two A nodes that overlap nothing: the graph's one path has probability 1 (and none is
+    computed unless asked for); dropping both for "no A" leaves the graph (probability 0); a
+    forced B between them that is no node scores its global score and has confidence 0."""
+    from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    head = FilteredSemiCRFHead(4, 2, max_width=2, transitions=False)
+    local = torch.zeros((1, 5, 2, 3))  # [B, L, K, null + A + B]
+    local[..., 0] = 10.0  # null everywhere...
+    local[0, 0, 0, 1] = local[0, 3, 0, 1] = 20.0  # ...but A [0,0] and A [3,3]
+    glob = torch.zeros((1, 5, 2, 3))
+    glob[0, 0, 0, 1], glob[0, 3, 0, 1], glob[0, 1, 1, 2] = 1.0, 2.0, 0.75  # B [1,2] is no node
+    lengths = torch.tensor([5])
+
+    def decode(path, *items):
+        docs = [DocConstraints(compile_constraints(list(items), ["A", "B"]))] if items else None
+        with torch.no_grad():
+            return head.decode(local, glob, lengths, options=DecodeOptions(path=path, constraints=docs))
+
+    out = decode(True)
+    assert out.spans.tolist() == [[0, 0, 0, 1], [0, 3, 3, 1]] and out.path.tolist() == [1.0]
+    assert out.candidates is None and out.reports is None
+    assert decode(False).path is None
+    out = decode(True, AtMost("A", 0, "doc"))
+    assert out.spans.tolist() == [] and out.path.tolist() == [0.0]
+    assert (out.reports[0].status, out.reports[0].dropped) == ("optimal", 2)
+    out = decode(True, ForceSpan(1, 3, "B"))
+    assert out.spans.tolist() == [[0, 0, 0, 1], [0, 1, 2, 2], [0, 3, 3, 1]]
+    assert out.reports[0].score == pytest.approx(1.0 + 0.75 + 2.0)
+    assert out.scores[1] == 0.0 and out.path.tolist() == [0.0]
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(0, 10**6))
 def test_topk_is_the_k_largest_by_value_then_index(seed):
