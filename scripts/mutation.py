@@ -337,6 +337,11 @@ def _finish(tree: Path, start: float) -> Path:
     return tree
 
 
+def _wall(tree: Path) -> int:
+    """A finished run's wall time in seconds (recorded by :func:`_finish`)."""
+    return int((tree / "mutmut.seconds").read_text().split()[0])
+
+
 # ----------------------------------------------------------------------------- results
 
 
@@ -463,20 +468,20 @@ def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
         "",
         "Every mutant of both groups (about 9,800) takes the two groups' run times below on "
         "two cores, even with each mutant's tests run cheapest first, most of it in the mutants "
-        "that survive (they run every test of their function); `--minutes` stops each group "
-        "after that long (the mutants not reached, the slowest by mutmut's estimate, are *not run*), and "
+        "that survive (they run every test of their function); `--minutes M` stops each group "
+        "after M minutes (the mutants not reached, the slowest by mutmut's estimate, are *not run*), and "
         "`--sample` runs a fixed random fraction of each module's mutants instead; the score "
         "then estimates the module's.",
         "",
     ]
-    total = sum(int((tree / "mutmut.seconds").read_text().split()[0]) for tree, _ in results.values())
+    total = sum(_wall(tree) for tree, _ in results.values())
     lines += [f"The groups below ran for {round(total / 60)} minutes in all.", ""]
     for name, (tree, mutants) in results.items():
         saved = json.loads((tree / "mutation_group.json").read_text())  # what the run used
         workers, sample = saved.pop("workers"), saved.pop("sample", None)
         command = saved.pop("command", None)
         group = Group(**saved)
-        wall = int((tree / "mutmut.seconds").read_text().split()[0])
+        wall = _wall(tree)
         stopped = (tree / "mutmut.stopped").exists()
         lines += [f"## {name}", "",
                   f"Mutated: {', '.join('`' + m + '`' for m in group.modules)}. "
@@ -534,18 +539,15 @@ def run_costs(tree: Path, mutants: List[Mutant]) -> str:
         run = json.loads(line)
         seconds[run["mutant"]] = run["seconds"]
     status = {m.name: m.status for m in mutants}
-    spent: Counter = Counter()
-    count: Counter = Counter()
+    by_kind: Dict[str, List[float]] = {"detected": [], "survived": []}
     for name, secs in seconds.items():
         kind = "survived" if status.get(name) in ("survived", "equivalent") else "detected"
-        spent[kind] += secs
-        count[kind] += 1
-    detected = sorted(secs for name, secs in seconds.items()
-                      if status.get(name) not in ("survived", "equivalent"))
+        by_kind[kind].append(secs)
+    detected, survived = sorted(by_kind["detected"]), by_kind["survived"]
     median = detected[len(detected) // 2] if detected else 0.0
-    return (f" Time in pytest, summed over the workers: {spent['detected'] / 60:.0f} min for the "
-            f"{count['detected']} mutants the tests detected (median {median:.2f} s each), "
-            f"{spent['survived'] / 60:.0f} min for the {count['survived']} that survived (or "
+    return (f" Time in pytest, summed over the workers: {sum(detected) / 60:.0f} min for the "
+            f"{len(detected)} mutants the tests detected (median {median:.2f} s each), "
+            f"{sum(survived) / 60:.0f} min for the {len(survived)} that survived (or "
             "are equivalent), which run every test of their function.")
 
 

@@ -295,8 +295,6 @@ def test_filtered_head_validates_its_arguments():
     with pytest.raises(ValueError, match="null_weight"):
         FilteredSemiCRFHead(D, M, null_weight=1.5)
     FilteredSemiCRFHead(D, M, null_weight=1.0)  # the paper's unweighted loss is allowed
-    with pytest.raises(ValueError, match="^null_tokens needs transitions = false: a cell"):
-        FilteredSemiCRFHead(D, M, null_tokens=True, transitions=True)
     head = FilteredSemiCRFHead(D, M, max_width=2)
     with pytest.raises(ValueError, match="max_width"):
         head(torch.randn(1, 5, D), torch.tensor([5]), torch.tensor([[0, 0, 3, 1]]))
