@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import dask
 import spacy
@@ -68,18 +68,22 @@ def load_average() -> List[float]:
 class Dask:
     """A warm LocalCluster of ``n`` workers that annotates the corpus into fresh directories."""
 
-    def __init__(self, n: int, model: str, corpus: Path, n_docs: int, scratch: Path, args) -> None:
+    def __init__(self, n: int, model: str, corpus: Path, n_docs: int, scratch: Path, args,
+                 name: str = "", on_workers: Optional[Callable[[], None]] = None) -> None:
         self.n, self.model, self.corpus, self.n_docs = n, model, corpus, n_docs
         self.scratch, self.args = scratch, args
+        self.name = name or f"dask{n}"  # its output directories' prefix
         self.runs = 0
         start = time.perf_counter()
         self.client, self.cluster = connect(None, n)  # as annotate makes its LocalCluster
+        if on_workers is not None:  # run on every worker before it loads the pipeline
+            self.client.run(on_workers)
         self.client.run(load_pipeline, model)
         self.startup_s = time.perf_counter() - start
 
     def __call__(self) -> List[tuple]:
         self.runs += 1
-        out = self.scratch / f"dask{self.n}-{self.runs}"
+        out = self.scratch / f"{self.name}-{self.runs}"
         annotate(self.model, self.corpus, out, client=self.client, progress=False,
                  batch_size=self.args.batch_size, shard_size=self.args.shard_size)
         return output_tuples(out, self.n_docs)

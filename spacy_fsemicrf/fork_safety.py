@@ -1,11 +1,12 @@
-"""Forked worker processes run PyTorch on one intra-op thread.
+"""Forked worker processes run PyTorch on one intra-op thread and keep their freed heap.
 
 PyTorch's CPU wheels parallelize with GNU OpenMP, whose thread pool does not survive ``fork``:
 once the parent process has run a parallel operation (any prediction with more than one thread),
 a forked child that enters a parallel region waits forever for threads that do not exist in it.
 ``nlp.pipe(texts, n_process=N)`` forks its workers on Linux, so it hung after the parent had
 predicted. With one thread the child never enters the pool; that is also the right setting for
-N worker processes sharing N cores (PyTorch's own DataLoader workers do the same).
+N worker processes sharing N cores (PyTorch's own DataLoader workers do the same). A forked
+child also keeps the memory it frees for its next batch (:mod:`spacy_fsemicrf.worker_heap`).
 
 Importing the package registers the handler (``spacy_fsemicrf/__init__.py``), so every process
 that can hold an ``fsemicrf_ner`` pipeline has it before it forks.
@@ -14,12 +15,16 @@ import os
 
 import torch
 
+from .worker_heap import keep_freed_heap
+
 _registered = False
 
 
 def one_thread_in_child() -> None:
-    """Set PyTorch to one intra-op thread (run in the child right after ``fork``)."""
+    """Set PyTorch to one intra-op thread and keep freed heap (run in the child right after
+    ``fork``)."""
     torch.set_num_threads(1)
+    keep_freed_heap()
 
 
 def register() -> None:

@@ -25,6 +25,12 @@ from spacy_fsemicrf.annotate.cli import main as cli_main  # noqa: E402
 from spacy_fsemicrf.annotate.engine import connect, load_counts  # noqa: E402
 from spacy_fsemicrf.annotate.inputs import plan_shards, read_shard  # noqa: E402
 from spacy_fsemicrf.annotate.shards import entity_records, shard_paths, write_shard  # noqa: E402
+from spacy_fsemicrf.worker_heap import _glibc  # noqa: E402
+
+try:
+    from .test_worker_heap import PAGES, REFAULTS
+except ImportError:  # pragma: no cover - tests run as a plain directory
+    from test_worker_heap import PAGES, REFAULTS
 
 N_JSONL, N_SPACY = 160, 80
 SHARD, BATCH = 20, 10  # shards are whole batches, so the batches equal nlp.pipe's
@@ -129,10 +135,15 @@ def test_two_workers_annotate_like_nlp_pipe(client, model_dir, corpus, expected,
     assert sorted(r["index"] for r in done) == list(range(12))
     # The pipeline was loaded once in each worker, not once per task.
     assert list(client.run(load_counts).values()) == [{str(model_dir): 1}] * 2
-    # One PyTorch thread per worker; no eager malloc trimming (it slows prediction down).
-    names = ("OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")
-    env = client.run(lambda: [os.environ.get(name) for name in names])
-    assert list(env.values()) == [["1", None]] * 2
+    # One PyTorch thread per worker.
+    assert list(client.run(lambda: os.environ.get("OMP_NUM_THREADS")).values()) == ["1"] * 2
+    # Loading the pipeline made the worker keep freed heap, against its nanny's
+    # MALLOC_TRIM_THRESHOLD_=65536: a freed block is reused, not faulted in again.
+    if _glibc() is not None:
+        namespace = {}
+        exec(REFAULTS, namespace)
+        faults = client.run(namespace["refaults"])
+        assert all(n < 2 * PAGES for n in faults.values()), faults
 
 
 def test_a_killed_worker_loses_no_document(client, model_dir, corpus, expected, tmp_path):
@@ -193,6 +204,19 @@ def test_an_interrupted_run_finishes_on_rerun(client, model_dir, corpus, expecte
     after = {p.name: p.stat().st_mtime_ns for p in (out / "shards").glob("*.spacy")}
     assert len(after) == 24 and all(after[name] == t for name, t in before.items())
     check_output(out, expected, spacy.blank("en").vocab)
+
+
+def test_annotate_leaves_this_process_environment_as_it_was(model_dir, tmp_path, monkeypatch):
+    # Dask's nannies write their workers' variables (OMP_NUM_THREADS=1, ...) into the
+    # environment of the process that starts them; every process started later inherited them.
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text('{"text": "John Smith works for Google in Paris ."}\n', encoding="utf8")
+    before = dict(os.environ)
+    summary = annotate(str(model_dir), corpus, tmp_path / "out", workers=1, progress=False)
+    assert summary.docs == 1
+    assert dict(os.environ) == before
 
 
 def test_a_missing_model_fails_before_any_output(corpus, tmp_path, capsys):

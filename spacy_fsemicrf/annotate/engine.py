@@ -14,15 +14,17 @@ import os
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import spacy
 from spacy.language import Language
 from tqdm import tqdm
 
 from ..msgpack_lookups import remember_msgpack_lookups
+from ..worker_heap import keep_freed_heap
 from .inputs import DEFAULT_SHARD_SIZE, AnnotateError, Shard, plan_shards, read_shard
 from .shards import (entity_records, finished_shards, merge_entities, prepare_output,
                      remove_temporary, score_keys, write_shard)
@@ -32,11 +34,6 @@ try:
     from distributed import Client, LocalCluster, as_completed
 except ImportError:  # pragma: no cover - the annotate extra is not installed
     Client = LocalCluster = as_completed = None
-
-# The nanny's default environment for its workers, less MALLOC_TRIM_THRESHOLD_=65536: with it,
-# glibc returns memory to the system so eagerly that PyTorch's prediction is about 1.5x slower.
-# (OMP_NUM_THREADS=1 and the like stay: one worker process per core.)
-WORKER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
 
 # Worker state: the pipelines this process has loaded, by model, and how often each was loaded.
 _PIPELINES: Dict[str, Language] = {}
@@ -68,6 +65,7 @@ def load_pipeline(model: str) -> Language:
     with _LOAD_LOCK:
         if model not in _PIPELINES:
             remember_msgpack_lookups()
+            keep_freed_heap()  # overrides the nanny's MALLOC_TRIM_THRESHOLD_=65536
             try:
                 _PIPELINES[model] = spacy.load(model)
             except Exception as err:  # a missing model is an OSError, a broken one anything
@@ -133,10 +131,28 @@ def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]
         except OSError as err:
             raise AnnotateError(f"cannot reach the Dask scheduler at {scheduler}: {err}") from err
     n_workers = workers or os.cpu_count() or 1
-    with dask.config.set(WORKER_CONFIG):
+    with nanny_environment_restored():
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                dashboard_address=None, silence_logs=logging.ERROR)
     return Client(cluster), cluster
+
+
+@contextmanager
+def nanny_environment_restored() -> Iterator[None]:
+    """Undo, on leaving, what Dask's nannies write into this process's ``os.environ`` to pass
+    to the workers they start (``distributed.nanny.pre-spawn-environ``: OMP_NUM_THREADS=1,
+    MALLOC_TRIM_THRESHOLD_=65536, ...); left there, every process the caller starts later would
+    inherit them."""
+    keys = list(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {})
+    saved = {key: os.environ.get(key) for key in keys}
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def annotate(
@@ -168,19 +184,21 @@ def annotate(
     done = finished_shards(output, shards)
     todo = [shard for shard in shards if shard.index not in done]
     cluster = None
-    if todo and client is None:
-        client, cluster = connect(scheduler, workers)
-        own_client = True
-    else:
-        own_client = False
-    try:
-        n_workers = len(client.scheduler_info()["workers"]) if client is not None else 0
-        _run_tasks(client, model, todo, shards, output, batch_size, progress, on_shard_done)
-    finally:
-        if own_client:
-            client.close()
-            if cluster is not None:
-                cluster.close()
+    # nannies that restart a worker during the run write into os.environ again
+    with nanny_environment_restored():
+        if todo and client is None:
+            client, cluster = connect(scheduler, workers)
+            own_client = True
+        else:
+            own_client = False
+        try:
+            n_workers = len(client.scheduler_info()["workers"]) if client is not None else 0
+            _run_tasks(client, model, todo, shards, output, batch_size, progress, on_shard_done)
+        finally:
+            if own_client:
+                client.close()
+                if cluster is not None:
+                    cluster.close()
     remove_temporary(output)  # left by workers killed while writing (their shards were redone)
     missing = [s.index for s in shards if s.index not in finished_shards(output, shards)]
     if missing:  # pragma: no cover - every task either wrote its shard or raised
