@@ -12,17 +12,26 @@ thread, the pipelines interleaved within each repeat, and words/s is the median 
 of the words divided by the thread's CPU time (which other processes on the machine do not
 inflate). ``<name>:tok2vec`` is the pipeline of ``--encoder-only`` with only its tok2vec
 component: the limit of any head on that encoder. ``head share`` = 1 - pipeline words/s /
-tok2vec-only words/s. Writes ``<output>.json``, ``.md`` and ``.png``.
+tok2vec-only words/s. With ``--numpy-blas`` every pipeline is also loaded under thinc's
+``NumpyOps(use_blis=False)`` and timed as ``<name>+numpy``: the same pipelines with their matrix
+products through NumPy's BLAS (one thread) instead of blis. Writes ``<output>.json``, ``.md``
+and ``.png``.
 """
-import argparse
-import json
-import statistics
-import sys
-import time
-from pathlib import Path
-from typing import Dict, List
+import os
 
-import torch
+# One thread for NumPy's BLAS as for everything else (with --numpy-blas it does thinc's matrix
+# products); read when NumPy is first imported, so set before any import that brings it in.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Dict, List  # noqa: E402
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_predict import cut_docs  # noqa: E402
@@ -48,17 +57,25 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 1])
     parser.add_argument("--tokens", type=int, default=20000, help="tokens per length (batch 64)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--numpy-blas", action="store_true",
+                        help="also time every pipeline (as <name>+numpy) with thinc's CPU matrix "
+                             "products through NumPy's BLAS instead of blis")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import spacy
     from spacy.tokens import DocBin
 
-    nlps = {name: spacy.load(path) for name, path in (m.split("=", 1) for m in args.models)}
     paths = dict(m.split("=", 1) for m in args.models)
+    nlps = {name: spacy.load(path) for name, path in paths.items()}
+    if args.numpy_blas:  # a model takes the current ops when it is made, so load under them
+        from thinc.api import use_ops
+        with use_ops("numpy", use_blis=False):
+            nlps.update({f"{name}+numpy": spacy.load(path) for name, path in paths.items()})
     runs = [(name, nlp, []) for name, nlp in nlps.items()]
-    if args.encoder_only:
-        nlp = nlps[args.encoder_only]
-        runs.append((f"{args.encoder_only}:tok2vec", nlp, [p for p in nlp.pipe_names if p != "tok2vec"]))
+    for name in [args.encoder_only, f"{args.encoder_only}+numpy"] if args.encoder_only else []:
+        if name in nlps:
+            nlp = nlps[name]
+            runs.append((f"{name}:tok2vec", nlp, [p for p in nlp.pipe_names if p != "tok2vec"]))
     vocab = next(iter(nlps.values())).vocab
     test = list(DocBin().from_disk(args.test).get_docs(vocab))
     rows = []
@@ -85,16 +102,18 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     names = [name for name, _, _ in runs]
     ref = args.reference
-    limit = f"{args.encoder_only}:tok2vec" if args.encoder_only else None
+    # (pipeline, its tok2vec alone) pairs whose head share is reported
+    shares = [(n, f"{n}:tok2vec") for n in names if f"{n}:tok2vec" in names]
     lines = ["# Prediction words/s by document length", "",
              f"One thread, median of {args.repeats} interleaved repeats, thread CPU time; documents "
              f"cut from `{args.test}`. Ratios are to `{ref}` in the same run.", "",
-             "| length | batch | " + " | ".join(names) + (" | head share |" if limit else " |"),
-             "|---:|---:|" + "---:|" * (len(names) + bool(limit))]
+             "| length | batch | " + " | ".join(names + [f"head share {n}" for n, _ in shares])
+             + " |",
+             "|---:|---:|" + "---:|" * (len(names) + len(shares))]
     for row in rows:
         w = row["words_per_s"]
         cells = [f"{w[n]:.0f} ({w[n] / w[ref]:.2f}x)" for n in names]
-        share = [f"{100 * (1 - w[args.encoder_only] / w[limit]):.1f}%"] if limit else []
+        share = [f"{100 * (1 - w[n] / w[limit]):.1f}%" for n, limit in shares]
         lines.append(f"| {row['length']} | {row['batch_size']} | " + " | ".join(cells + share) + " |")
     lines += ["", "Made by `python benchmarks/throughput.py " + " ".join(sys.argv[1:]) + "`."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
