@@ -18,7 +18,6 @@ CYCLES = 8
 PAGES = BLOCK // os.sysconf("SC_PAGE_SIZE")
 
 
-
 def _huge_pages_always() -> bool:
     """Whether the kernel backs anonymous memory with 2 MiB pages everywhere (a block then
     faults in a few pages, kept or not, and the counts below say nothing)."""
