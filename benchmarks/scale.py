@@ -37,14 +37,20 @@ from spacy_fsemicrf.annotate import read_entities
 from spacy_fsemicrf.annotate.engine import annotate, connect, load_pipeline
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def common_arguments(description: str, output: str, repeats: int) -> argparse.ArgumentParser:
+    """The arguments of this benchmark and of those built on it (``worker_heap.py``)."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("model", help="a trained pipeline directory")
     parser.add_argument("--test", type=Path, default=Path("corpus/test.spacy"))
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/scale"))
+    parser.add_argument("--output", type=Path, default=Path(output))
     parser.add_argument("--batch-size", type=int, default=16, help="documents per nlp.pipe batch")
     parser.add_argument("--shard-size", type=int, default=32, help="documents per Dask task")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    parser = common_arguments(__doc__, "benchmarks/results/scale", repeats=3)
     parser.add_argument("--model-label", default=None,
                         help="what the model is, for the report (default: its path)")
     return parser.parse_args()

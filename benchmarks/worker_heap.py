@@ -33,17 +33,12 @@ from spacy.tokens import DocBin
 
 import spacy_fsemicrf.annotate.engine as engine
 import spacy_fsemicrf.fork_safety as fork_safety
-from scale import Dask, entity_tuples, load_average
+from spacy_fsemicrf.worker_heap import keep_freed_heap
+from scale import Dask, common_arguments, entity_tuples, load_average
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="a trained pipeline directory")
-    parser.add_argument("--test", type=Path, default=Path("corpus/test.spacy"))
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/worker_heap"))
-    parser.add_argument("--batch-size", type=int, default=16, help="documents per nlp.pipe batch")
-    parser.add_argument("--shard-size", type=int, default=32, help="documents per Dask task")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = common_arguments(__doc__, "benchmarks/results/worker_heap", repeats=5)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--n-process", type=int, default=2, help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -58,7 +53,7 @@ def skip_keep_freed_heap() -> None:
     engine.keep_freed_heap = no_op
 
 
-class Forked:
+class PipeRun:
     """``nlp.pipe(texts, n_process=n)``, with or without the fork handler's heap setting, in this
     process (which has predicted) or, ``fresh``, in a new process right after ``spacy.load``
     (timing only the call); records its workers' page faults and system time."""
@@ -89,13 +84,13 @@ class Forked:
 def pipe_timed(nlp, texts: List[str], batch_size: int, keep: bool, n_process: int) -> Dict:
     """One timed ``nlp.pipe(texts, n_process=n_process)``: seconds, entities, the workers'
     faults and system time."""
-    fork_safety.keep_freed_heap = engine.keep_freed_heap if keep else no_op
+    fork_safety.keep_freed_heap = keep_freed_heap if keep else no_op
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     try:
         got = entity_tuples(nlp.pipe(texts, batch_size=batch_size, n_process=n_process))
     finally:
-        fork_safety.keep_freed_heap = engine.keep_freed_heap
+        fork_safety.keep_freed_heap = keep_freed_heap
     seconds = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"seconds": seconds, "entities": got, "faults": after.ru_minflt - before.ru_minflt,
@@ -126,10 +121,10 @@ def main() -> None:
         without = Dask(2, model, corpus, len(texts), scratch, args, name="without",
                        on_workers=skip_keep_freed_heap)
         kept = Dask(2, model, corpus, len(texts), scratch, args)
-        forked = {(fresh, keep): Forked(nlp, model, texts, args.batch_size, keep, fresh)
+        forked = {(fresh, keep): PipeRun(nlp, model, texts, args.batch_size, keep, fresh)
                   for fresh in (True, False) for keep in (True, False)}
         ways: Dict[str, Callable[[], List[tuple]]] = {
-            "nlp.pipe right after loading": Forked(nlp, model, texts, args.batch_size, True,
+            "nlp.pipe right after loading": PipeRun(nlp, model, texts, args.batch_size, True,
                                                    True, n_process=1),
             "nlp.pipe(n_process=2) right after loading, heap kept": forked[True, True],
             "nlp.pipe(n_process=2) right after loading, without": forked[True, False],
@@ -147,7 +142,7 @@ def main() -> None:
                 got = run()
                 elapsed = time.perf_counter() - start
                 # a fresh process's own timing of the call, without its start and load
-                seconds[name].append(run.seconds[-1] if isinstance(run, Forked) else elapsed)
+                seconds[name].append(run.seconds[-1] if isinstance(run, PipeRun) else elapsed)
                 same[name] &= got == reference
         for cluster in (kept, without):
             cluster.close()
@@ -161,7 +156,7 @@ def main() -> None:
                "speedup": round(statistics.median(seconds[baseline]) / median, 2),
                "same_entities_as_nlp_pipe": same[name]}
         way = ways[name]
-        if isinstance(way, Forked) and way.n_process > 1:
+        if isinstance(way, PipeRun) and way.n_process > 1:
             row["worker_faults"] = int(statistics.median(way.faults))
             row["worker_sys_s"] = round(statistics.median(way.sys_s), 3)
         rows.append(row)

@@ -10,7 +10,7 @@ Dask's workers, whose nanny sets ``MALLOC_TRIM_THRESHOLD_=65536``
 up to :data:`TRIM_THRESHOLD` of free heap instead; memory is returned when the process ends.
 """
 import ctypes
-import ctypes.util
+import functools
 import platform
 from typing import Optional
 
@@ -26,11 +26,13 @@ TRIM_THRESHOLD = 128 * 2**20
 MMAP_THRESHOLD = 32 * 2**20
 
 
+@functools.lru_cache(maxsize=None)
 def _glibc() -> Optional[ctypes.CDLL]:
+    """The symbols this process has loaded, glibc's among them; None without glibc. (Not
+    ``ctypes.util.find_library``, which runs ``ldconfig``: this runs in every forked child.)"""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if name else None
+    return ctypes.CDLL(None)
 
 
 def keep_freed_heap() -> bool:

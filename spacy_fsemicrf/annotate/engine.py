@@ -131,7 +131,7 @@ def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]
         except OSError as err:
             raise AnnotateError(f"cannot reach the Dask scheduler at {scheduler}: {err}") from err
     n_workers = workers or os.cpu_count() or 1
-    with nanny_environment_restored():
+    with nanny_environment_restored():  # for callers that keep the cluster (annotate wraps more)
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                dashboard_address=None, silence_logs=logging.ERROR)
     return Client(cluster), cluster
