@@ -1,6 +1,7 @@
 """Documents per second of four ways to annotate a corpus, side by side on one machine.
 
     python benchmarks/scale.py MODEL [--test corpus/test.spacy] [--output benchmarks/results/scale]
+                               [--copies N]
 
 The CoNLL-2003 test set (``scripts/prepare_conll.py``: documents of 10 sentences) is annotated,
 as plain texts, by:
@@ -53,6 +54,9 @@ def parse_args() -> argparse.Namespace:
     parser = common_arguments(__doc__, "benchmarks/results/scale", repeats=3)
     parser.add_argument("--model-label", default=None,
                         help="what the model is, for the report (default: its path)")
+    parser.add_argument("--copies", type=int, default=1,
+                        help="annotate the corpus this many times over in each run: the fixed "
+                             "costs of a run (starting worker processes, the last batch) weigh less")
     return parser.parse_args()
 
 
@@ -121,7 +125,7 @@ def main() -> None:
     args = parse_args()
     model = str(Path(args.model).resolve())
     nlp = spacy.load(model)
-    texts = [doc.text for doc in DocBin().from_disk(args.test).get_docs(nlp.vocab)]
+    texts = [doc.text for doc in DocBin().from_disk(args.test).get_docs(nlp.vocab)] * args.copies
     n_words = sum(len(doc) for doc in nlp.tokenizer.pipe(texts))
     load_before = load_average()
     reference = entity_tuples(nlp.pipe(texts, batch_size=args.batch_size))  # also the warm-up
@@ -177,7 +181,8 @@ def main() -> None:
         })
     meta = srsly.read_json(Path(model) / "meta.json")
     result = {
-        "corpus": {"file": str(args.test), "docs": len(texts), "words": n_words},
+        "corpus": {"file": str(args.test), "docs": len(texts), "words": n_words,
+                   "copies": args.copies},
         "model": {"path": args.model, "label": args.model_label or f"`{args.model}`",
                   "pipeline": meta.get("pipeline"),
                   "ents_f": (meta.get("performance") or {}).get("ents_f")},
@@ -202,8 +207,9 @@ def markdown(result: Dict) -> str:
     lines = [
         "# Annotation throughput: nlp.pipe, n_process=2 and Dask, side by side",
         "",
-        f"Written by `benchmarks/scale.py`. Corpus: `{c['file']}` (CoNLL-2003 test, "
-        f"{c['docs']} documents of 10 sentences, {c['words']} words), annotated as plain texts. "
+        f"Written by `benchmarks/scale.py`. Corpus: `{c['file']}` (CoNLL-2003 test"
+        + (f", {c['copies']} times over" if c.get("copies", 1) > 1 else "")
+        + f", {c['docs']} documents of 10 sentences, {c['words']} words), annotated as plain texts. "
         f"Model: {m['label']} (pipeline {', '.join(m['pipeline'] or [])}; dev ents_f "
         f"{m['ents_f']}). Batches of {result['batch_size']} documents; Dask tasks of "
         f"{result['shard_size']} documents. Median of {result['repeats']} interleaved runs.",
