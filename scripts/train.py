@@ -78,7 +78,7 @@ def read_log(path: Path):
     return out
 
 
-def logged_command(path: Path):
+def logged_command(path: Path) -> str | None:
     """The command on the first line ('$ ...') of OUTPUT_DIR/train_log.txt, or None."""
     with path.open(encoding="utf8") as log:
         first = log.readline()
