@@ -15,8 +15,11 @@ as plain texts, by:
   the cluster started and the pipeline loaded on every worker before the clock starts; the
   cold run (starting the cluster and loading the pipeline) is timed once apart.
 
-Every way runs ``--repeats`` times, interleaved, and the median is reported; every way must
-produce the entities of ``nlp.pipe``. Writes OUTPUT.json and OUTPUT.md.
+The ways run in phases: first those without a cluster, then each cluster with ``nlp.pipe``
+beside it (an idle cluster's event loops and heartbeats take CPU time from whatever else runs).
+Within a phase every way runs ``--repeats`` times, interleaved, the median is reported, and the
+speedups are against that phase's own ``nlp.pipe``; every way must produce the entities of
+``nlp.pipe``. Writes OUTPUT.json and OUTPUT.md.
 """
 import argparse
 import json
@@ -121,6 +124,38 @@ def cold_dask(n: int, model: str, corpus: Path, out: Path, args) -> float:
     return time.perf_counter() - start
 
 
+def phase_rows(phase: str, ways: Dict[str, Callable[[], List[tuple]]], repeats: int,
+               reference: List[tuple], n_docs: int, n_words: int) -> List[Dict]:
+    """Time ``ways`` ``repeats`` times, interleaved; the first way is the phase's reference
+    (``speedup``), and ``nlp.pipe, 1 thread``, where the phase has it, the second one."""
+    seconds: Dict[str, List[float]] = {name: [] for name in ways}
+    same: Dict[str, bool] = {name: True for name in ways}
+    for _ in range(repeats):
+        for name, run in ways.items():
+            start = time.perf_counter()
+            got = run()
+            seconds[name].append(time.perf_counter() - start)
+            same[name] &= got == reference
+    base = statistics.median(next(iter(seconds.values())))
+    one = seconds.get("nlp.pipe, 1 thread")
+    rows = []
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        rows.append({
+            "way": name,
+            "phase": phase,
+            "seconds": [round(v, 3) for v in values],
+            "median_s": round(median, 3),
+            "docs_per_s": round(n_docs / median, 1),
+            "words_per_s": round(n_words / median),
+            "speedup": round(base / median, 2),
+            "speedup_vs_one_thread": round(statistics.median(one) / median, 2) if one else None,
+            "same_entities_as_nlp_pipe": same[name],
+            "warm_start_s": None,
+        })
+    return rows
+
+
 def main() -> None:
     args = parse_args()
     model = str(Path(args.model).resolve())
@@ -133,52 +168,38 @@ def main() -> None:
     cleaned.add_pipe("doc_cleaner", config={"attrs": {"tensor": None}})
     entity_tuples(cleaned.pipe(texts, batch_size=args.batch_size))
 
+    pipe = lambda: entity_tuples(nlp.pipe(texts, batch_size=args.batch_size))  # noqa: E731
+    rows: List[Dict] = []
+    startup: Dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         corpus = scratch / "test.jsonl"
         srsly.write_jsonl(corpus, [{"id": i, "text": t} for i, t in enumerate(texts)])
-        clusters = {n: Dask(n, model, corpus, len(texts), scratch, args) for n in (1, 2)}
-        ways: Dict[str, Callable[[], List[tuple]]] = {
-            "nlp.pipe": lambda: entity_tuples(nlp.pipe(texts, batch_size=args.batch_size)),
-            "nlp.pipe, 1 thread": lambda: one_thread(
-                lambda: entity_tuples(nlp.pipe(texts, batch_size=args.batch_size))),
+        # One phase per set of processes: an idle cluster takes CPU time (its event loops and
+        # heartbeats) from whatever runs beside it, so each cluster is up only in its own
+        # phase, and each phase times its own nlp.pipe runs, interleaved, as its reference.
+        alone = {
+            "nlp.pipe": pipe,
+            "nlp.pipe, 1 thread": lambda: one_thread(pipe),
             "nlp.pipe(n_process=2)": lambda: entity_tuples(
                 nlp.pipe(texts, batch_size=args.batch_size, n_process=2)),
             "nlp.pipe(n_process=2), doc_cleaner": lambda: entity_tuples(
                 cleaned.pipe(texts, batch_size=args.batch_size, n_process=2)),
-            "Dask, 1 worker": clusters[1],
-            "Dask, 2 workers": clusters[2],
         }
-        seconds: Dict[str, List[float]] = {name: [] for name in ways}
-        same: Dict[str, bool] = {name: True for name in ways}
-        for _ in range(args.repeats):
-            for name, run in ways.items():
-                start = time.perf_counter()
-                got = run()
-                seconds[name].append(time.perf_counter() - start)
-                same[name] &= got == reference
-        startup = {name: clusters[n].startup_s
-                   for n, name in ((1, "Dask, 1 worker"), (2, "Dask, 2 workers"))}
-        for cluster in clusters.values():
-            cluster.close()
+        rows += phase_rows("alone", alone, args.repeats, reference, len(texts), n_words)
+        for n in (1, 2):
+            cluster = Dask(n, model, corpus, len(texts), scratch, args)
+            startup[n] = cluster.startup_s
+            try:
+                ways = {f"nlp.pipe, beside the idle {n}-worker cluster": pipe,
+                        f"Dask, {n} worker{'s' if n > 1 else ''}": cluster}
+                rows += phase_rows(f"{n}-worker cluster", ways, args.repeats, reference,
+                                   len(texts), n_words)
+            finally:
+                cluster.close()
+            rows[-1]["warm_start_s"] = round(startup[n], 1)
         cold = {n: cold_dask(n, model, corpus, scratch / f"cold{n}", args) for n in (1, 2)}
 
-    base = statistics.median(seconds["nlp.pipe"])
-    one_thread_s = statistics.median(seconds["nlp.pipe, 1 thread"])
-    rows = []
-    for name, values in seconds.items():
-        median = statistics.median(values)
-        rows.append({
-            "way": name,
-            "seconds": [round(v, 3) for v in values],
-            "median_s": round(median, 3),
-            "docs_per_s": round(len(texts) / median, 1),
-            "words_per_s": round(n_words / median),
-            "speedup": round(base / median, 2),
-            "speedup_vs_one_thread": round(one_thread_s / median, 2),
-            "same_entities_as_nlp_pipe": same[name],
-            "warm_start_s": round(startup[name], 1) if name in startup else None,
-        })
     meta = srsly.read_json(Path(model) / "meta.json")
     result = {
         "corpus": {"file": str(args.test), "docs": len(texts), "words": n_words,
@@ -212,28 +233,32 @@ def markdown(result: Dict) -> str:
         + f", {c['docs']} documents of 10 sentences, {c['words']} words), annotated as plain texts. "
         f"Model: {m['label']} (pipeline {', '.join(m['pipeline'] or [])}; dev ents_f "
         f"{m['ents_f']}). Batches of {result['batch_size']} documents; Dask tasks of "
-        f"{result['shard_size']} documents. Median of {result['repeats']} interleaved runs.",
+        f"{result['shard_size']} documents. Median of {result['repeats']} interleaved runs per "
+        "phase: the ways without a cluster, then each Dask cluster with its own `nlp.pipe` "
+        "runs beside it.",
         "",
         f"Machine: {mach['cpus']} CPUs; PyTorch {mach['torch']} with {mach['torch_threads']} "
         f"threads in the single process (one per worker process otherwise); load average "
         f"{mach['load_average_before']} before and {mach['load_average_after']} after (1, 5, "
         f"15 min).",
         "",
-        "| way | runs (s) | median s | docs/s | words/s | speedup | vs 1 thread | same entities "
-        "| warm start s |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| phase | way | runs (s) | median s | docs/s | words/s | speedup | vs 1 thread "
+        "| same entities | warm start s |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for r in result["rows"]:
         start = "" if r["warm_start_s"] is None else r["warm_start_s"]
         runs = ", ".join(f"{s:.2f}" for s in r["seconds"])
-        lines.append(f"| {r['way']} | {runs} | {r['median_s']} | {r['docs_per_s']} | "
-                     f"{r['words_per_s']} | {r['speedup']}x | {r['speedup_vs_one_thread']}x | "
+        one = "" if r.get("speedup_vs_one_thread") is None else f"{r['speedup_vs_one_thread']}x"
+        lines.append(f"| {r.get('phase', '')} | {r['way']} | {runs} | {r['median_s']} | "
+                     f"{r['docs_per_s']} | {r['words_per_s']} | {r['speedup']}x | {one} | "
                      f"{'yes' if r['same_entities_as_nlp_pipe'] else 'NO'} | {start} |")
     cold = result["cold_dask_s"]
     lines += [
         "",
-        "Speedup: against `nlp.pipe` in one process with PyTorch's default threads; vs 1 thread: "
-        "against the same with one thread. Warm start: starting the LocalCluster and "
+        "Speedup: against the first row of the same phase, `nlp.pipe` in one process with "
+        "PyTorch's default threads; vs 1 thread: against the same with one thread. Warm start: "
+        "starting the LocalCluster and "
         "loading the pipeline on its workers, before the timed runs. A cold `annotate` (the "
         f"command as a user runs it: cluster start, pipeline load, annotation) took "
         f"{cold['1']} s with 1 worker and {cold['2']} s with 2.",
