@@ -10,8 +10,9 @@ budget (``--steps``, the configs' batcher and evaluation frequency) for seeds 0.
 thread per run (scripts/train.py), scores model-best on dev and test with ``spacy evaluate`` and
 writes OUTPUT.{json,md,png} (scripts/corpora_report.py). With ``--gpu-id`` the runs train on
 that GPU (scoring stays on the CPU); with ``--time-limit`` a run still training after that many
-seconds is stopped and scored at its model-best, its record saying at which step it stopped. A run whose run.json exists is not run
-again, and a trained run without scores is only evaluated, so an interrupted benchmark resumes.
+seconds is stopped and scored at its model-best, its record saying at which step it stopped.
+A run whose run.json exists is not run again, and a trained run without scores is only
+evaluated, so an interrupted benchmark resumes.
 Non-English corpora override ``[nlp] lang`` (and Chinese its character tokenizer); the product
 configs are used as they are otherwise. `ner` is the project's baseline with parameter averaging.
 """
