@@ -239,7 +239,10 @@ def main(argv=None) -> None:
     runs = load_runs(args.runs)
     stats = {r["corpus"]: json.loads((args.corpus_dir / r["corpus"] / "stats.json").read_text())
              for r in runs if (args.corpus_dir / r["corpus"] / "stats.json").exists()}
-    write(runs, args.output, stats, "python scripts/corpora_report.py " + " ".join(argv or sys.argv[1:]))
+    from prepare_corpus import CORPORA  # the order scripts/corpora.py reports in
+
+    write(runs, args.output, stats, "python scripts/corpora_report.py " + " ".join(argv or sys.argv[1:]),
+          ["conll", *CORPORA], ["fsemicrf", "semicrf", "crf", "ner"])
 
 
 if __name__ == "__main__":
