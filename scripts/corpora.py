@@ -24,10 +24,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -144,18 +145,30 @@ def execute(run: Run) -> Dict[str, Any]:
     return rec
 
 
+# The trainings under way, each in a session of its own (so that the time limit can stop the
+# training and the process it starts together); Ctrl-C reaches none of them, so main() stops them.
+_RUNNING: Set[int] = set()
+_STOPPING = threading.Event()
+
+
 def train(run: Run) -> None:
     """Train one run; past ``run.time_limit`` seconds stop it (its whole process group) and
     rebuild its summary from the log, marked ``stopped_by_time_limit``."""
+    if _STOPPING.is_set():
+        raise RuntimeError(f"{run.name}: not started, the benchmark is stopping")
     with open(run.out / "stdout.txt", "w") as log:
         proc = subprocess.Popen(run.train_command(), stdout=log, stderr=subprocess.STDOUT,
                                 env=thread_env(), start_new_session=True)
+        _RUNNING.add(proc.pid)
         try:
             rc = proc.wait(timeout=run.time_limit)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait()
             rc = None
+        finally:
+            if proc.poll() is None:  # the time limit, or this process interrupted
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+            _RUNNING.discard(proc.pid)
     if rc is None:
         subprocess.run(run.summary_command(), check=True, stdout=subprocess.DEVNULL)
         path = run.out / "train_summary.json"
@@ -166,6 +179,16 @@ def train(run: Run) -> None:
             raise RuntimeError(f"{run.name}: stopped by the time limit before its first evaluation")
     elif rc != 0:
         raise RuntimeError(f"{run.name}: training failed (rc={rc}), see {run.out / 'stdout.txt'}")
+
+
+def stop_running() -> None:
+    """Start no more runs and stop those under way (their training fails)."""
+    _STOPPING.set()
+    for group in list(_RUNNING):
+        try:
+            os.killpg(group, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
 
 def attempt(run: Run) -> Optional[Dict[str, Any]]:
@@ -215,7 +238,12 @@ def main(argv=None) -> None:
     print(f"[corpora] {len(runs)} runs ({len(args.corpora)} corpora x {len(args.pipelines)} pipelines "
           f"x {args.seeds} seeds), {args.workers} at a time", flush=True)
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
-        results = list(pool.map(attempt, runs))
+        try:
+            results = list(pool.map(attempt, runs))
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_running()
+            raise
     records = [r for r in results if r is not None]
     stats = {c: json.loads((folders[c] / "stats.json").read_text()) for c in args.corpora
              if (folders[c] / "stats.json").exists()}

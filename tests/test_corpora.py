@@ -5,6 +5,7 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -278,4 +279,24 @@ def test_run_that_fails_before_the_limit_raises(tmp_path, monkeypatch):
     run.out.mkdir(parents=True)
     monkeypatch.setattr(corpora.Run, "train_command", lambda self: [sys.executable, "-c", "raise SystemExit(3)"])
     with pytest.raises(RuntimeError, match="rc=3"):
+        corpora.train(run)
+
+
+def test_stopping_the_benchmark_stops_the_trainings_under_way_and_starts_no_more(tmp_path, monkeypatch):
+    run = _run(tmp_path)
+    run.out.mkdir(parents=True)
+    script = tmp_path / "fake_training.py"
+    script.write_text(FAKE_TRAINING)
+    monkeypatch.setattr(corpora.Run, "train_command", lambda self: [sys.executable, str(script), str(self.out)])
+    monkeypatch.setattr(corpora, "_STOPPING", threading.Event())
+    errors = []
+    worker = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, corpora.train, run)))
+    worker.start()
+    deadline = time.time() + 20
+    while not (run.out / "child.pid").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    corpora.stop_running()
+    worker.join(20)
+    assert not worker.is_alive() and "rc=-15" in str(errors[0].value)
+    with pytest.raises(RuntimeError, match="not started"):
         corpora.train(run)
