@@ -95,12 +95,12 @@ def build(runs: Sequence[Dict[str, Any]], corpus_order: Sequence[str] = (),
                     scores = by_seed(runs, corpus, pipeline, split, metric)
                     row[f"{split}_{metric}"] = mean_se(list(scores.values())) if scores else None
             row["seeds"] = sorted(by_seed(runs, corpus, pipeline, "dev", "f"))
-            done = sorted((r["seed"], r) for r in runs if r["corpus"] == corpus
-                          and r["pipeline"] == pipeline and r["seed"] in row["seeds"])
+            done = sorted((r for r in runs if r["corpus"] == corpus and r["pipeline"] == pipeline
+                           and r["seed"] in row["seeds"]), key=lambda r: r["seed"])
             # steps trained, seed by seed: fewer than the budget where the time limit stopped it
-            row["steps"] = [r.get("steps_run") for _, r in done]
+            row["steps"] = [r.get("steps_run") for r in done]
             row["dev_recall_by_step"] = recall_by_step(runs, corpus, pipeline)
-            row["time_limit"] = max((r.get("stopped_by_time_limit") or 0 for _, r in done), default=0) or None
+            row["time_limit"] = max((r.get("stopped_by_time_limit") or 0 for r in done), default=0) or None
             if row["seeds"]:
                 rows.append(row)
             if pipeline == FILTERED:

@@ -300,3 +300,16 @@ def test_stopping_the_benchmark_stops_the_trainings_under_way_and_starts_no_more
     assert not worker.is_alive() and "rc=-15" in str(errors[0].value)
     with pytest.raises(RuntimeError, match="not started"):
         corpora.train(run)
+
+
+def test_dev_recall_by_step_is_the_mean_over_the_seeds_that_reached_the_step(tmp_path):
+    summary = {"evals": [{"#": 0.0, "ENTS_F": 1.0, "ENTS_P": 1.0, "ENTS_R": 1.0},
+                         {"#": 500.0, "ENTS_F": 50.0, "ENTS_P": 60.0, "ENTS_R": 40.0}]}
+    curve = corpora_report.dev_curve(summary)
+    assert curve[1] == {"step": 500, "f": 50.0, "p": 60.0, "r": 40.0}
+    runs = [dict(_record("a", "fsemicrf", 0, 0.8, 0.7), dev_curve=curve),
+            dict(_record("a", "fsemicrf", 1, 0.8, 0.7), dev_curve=curve[:1] + [{**curve[1], "r": 50.0},
+                                                                            {"step": 1000, "f": 0, "p": 0, "r": 70.0}])]
+    assert corpora_report.recall_by_step(runs, "a", "fsemicrf") == {0: 1.0, 500: 45.0, 1000: 70.0}
+    md = corpora_report.markdown(corpora_report.build(runs), {}, "test")
+    assert "| corpus | pipeline | 500 | 1000 |" in md and "| a | `fsemicrf` | 45.00 | 70.00 |" in md
