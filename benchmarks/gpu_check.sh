@@ -95,7 +95,7 @@ train_all() {  # the four pipelines side by side, stopped when the run's time ru
     TRAIN_LIMIT=$(($(left) - 200))
     [ "$TRAIN_LIMIT" -lt 60 ] && TRAIN_LIMIT=60
     [ "$DRY" = 1 ] && TRAIN_LIMIT=600
-    local name extra=() pids=() configs=()
+    local name extra=() pids=()
     # one GPU memory pool (PyTorch's) for the transformer and spaCy's own layers alike
     [ "$GPU" -ge 0 ] && extra=(--system.gpu_allocator pytorch)
     [ "$MIXED" = 1 ] && extra+=(--components.transformer.model.mixed_precision true)
@@ -104,10 +104,9 @@ train_all() {  # the four pipelines side by side, stopped when the run's time ru
         local config=configs/${name}_trf.cfg head=()
         [ "$name" = ner ] && config=configs/baselines/ner_trf.cfg
         [ "$MIXED" = 1 ] && [ "$name" != ner ] && head=(--components.fsemicrf_ner.model.mixed_precision true)
-        configs+=("$config")
         mkdir -p "$WORK/training/$name"
         GPU_CHECK_MEMORY_FILE="$WORK/training/$name/gpu_memory.json" \
-            timeout -k 20 "$TRAIN_LIMIT" "$PY" scripts/train.py "$config" "$WORK/training/$name" \
+            "$PY" scripts/train.py "$config" "$WORK/training/$name" --time-limit "$TRAIN_LIMIT" \
             --gpu-id "$GPU" --code benchmarks/gpu_check.py \
             --training.logger.@loggers gpu-check.memory_logger.v1 \
             --paths.train "${CORPUS}train.spacy" --paths.dev "${CORPUS}dev.spacy" \
@@ -120,8 +119,6 @@ train_all() {  # the four pipelines side by side, stopped when the run's time ru
     for name in fsemicrf semicrf crf ner; do
         wait "${pids[$i]}"
         echo $? > "$WORK/training/$name/returncode"  # 124: stopped by the time limit
-        # a run stopped by the time limit has no summary yet: rebuild it from its log
-        "$PY" scripts/train.py "${configs[$i]}" "$WORK/training/$name" --name "$name" --from-log > /dev/null 2>&1
         log "$name: returncode $(cat "$WORK/training/$name/returncode"); $(tail -n 1 "$WORK/train_$name.log")"
         i=$((i + 1))
     done

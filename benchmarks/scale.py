@@ -29,7 +29,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import dask
 import spacy
@@ -124,18 +124,29 @@ def cold_dask(n: int, model: str, corpus: Path, out: Path, args) -> float:
     return time.perf_counter() - start
 
 
-def phase_rows(phase: str, ways: Dict[str, Callable[[], List[tuple]]], repeats: int,
-               reference: List[tuple], n_docs: int, n_words: int) -> List[Dict]:
-    """Time ``ways`` ``repeats`` times, interleaved; the first way is the phase's reference
-    (``speedup``), and ``nlp.pipe, 1 thread``, where the phase has it, the second one."""
+def time_interleaved(ways: Dict[str, Callable[[], List[tuple]]], repeats: int,
+                     reference: List[tuple]) -> Tuple[Dict[str, List[float]], Dict[str, bool]]:
+    """Run every way ``repeats`` times, interleaved: the seconds of each run (a way that times
+    itself, e.g. in a fresh process without its start, gives them as ``.seconds[-1]``) and
+    whether every run gave the ``reference`` entities."""
     seconds: Dict[str, List[float]] = {name: [] for name in ways}
     same: Dict[str, bool] = {name: True for name in ways}
     for _ in range(repeats):
         for name, run in ways.items():
             start = time.perf_counter()
             got = run()
-            seconds[name].append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            own = getattr(run, "seconds", None)
+            seconds[name].append(own[-1] if isinstance(own, list) else elapsed)
             same[name] &= got == reference
+    return seconds, same
+
+
+def phase_rows(phase: str, ways: Dict[str, Callable[[], List[tuple]]], repeats: int,
+               reference: List[tuple], n_docs: int, n_words: int) -> List[Dict]:
+    """Time ``ways`` ``repeats`` times, interleaved; the first way is the phase's reference
+    (``speedup``), and ``nlp.pipe, 1 thread``, where the phase has it, the second one."""
+    seconds, same = time_interleaved(ways, repeats, reference)
     base = statistics.median(next(iter(seconds.values())))
     one = seconds.get("nlp.pipe, 1 thread")
     rows = []

@@ -34,7 +34,7 @@ from spacy.tokens import DocBin
 import spacy_fsemicrf.annotate.engine as engine
 import spacy_fsemicrf.fork_safety as fork_safety
 from spacy_fsemicrf.worker_heap import keep_freed_heap
-from scale import Dask, common_arguments, entity_tuples, load_average
+from scale import Dask, common_arguments, entity_tuples, load_average, time_interleaved
 
 
 def parse_args() -> argparse.Namespace:
@@ -134,16 +134,8 @@ def main() -> None:
             "Dask, 2 workers, heap kept": kept,
             "Dask, 2 workers, without": without,
         }
-        seconds: Dict[str, List[float]] = {name: [] for name in ways}
-        same = {name: True for name in ways}
-        for _ in range(args.repeats):
-            for name, run in ways.items():
-                start = time.perf_counter()
-                got = run()
-                elapsed = time.perf_counter() - start
-                # a fresh process's own timing of the call, without its start and load
-                seconds[name].append(run.seconds[-1] if isinstance(run, PipeRun) else elapsed)
-                same[name] &= got == reference
+        # a PipeRun's own timing of the call (in a fresh process: without its start and load)
+        seconds, same = time_interleaved(ways, args.repeats, reference)
         for cluster in (kept, without):
             cluster.close()
     rows = []

@@ -20,22 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import corpora_report  # noqa: E402
 from prepare_corpus import CORPORA  # noqa: E402
-from train import thread_env  # noqa: E402
+from train import TIME_LIMIT_STATUS, thread_env  # noqa: E402
 
 PIPELINES: Dict[str, List[str]] = {
     "fsemicrf": ["configs/fsemicrf_cnn.cfg"],
@@ -97,12 +94,8 @@ class Run:
                 "--training.max_steps", str(self.steps),
                 "--training.eval_frequency", str(self.eval_frequency),
                 "--system.seed", str(self.seed), "--gpu-id", str(self.gpu_id),
+                *(["--time-limit", str(self.time_limit)] if self.time_limit else []),
                 *LANG_OVERRIDES[corpus_lang(self.corpus)], *pipeline_overrides, *self.extra]
-
-    def summary_command(self) -> List[str]:
-        """Rebuild ``train_summary.json`` from the run's log (a run stopped by the time limit)."""
-        return [sys.executable, str(HERE / "train.py"), PIPELINES[self.pipeline][0], str(self.out),
-                "--name", self.name.replace("/", "-"), "--from-log"]
 
     def evaluate_command(self, split: str) -> List[str]:
         return [sys.executable, "-m", "spacy", "evaluate", str(self.out / "model-best"),
@@ -145,50 +138,14 @@ def execute(run: Run) -> Dict[str, Any]:
     return rec
 
 
-# The trainings under way, each in a session of its own (so that the time limit can stop the
-# training and the process it starts together); Ctrl-C reaches none of them, so main() stops them.
-_RUNNING: Set[int] = set()
-_STOPPING = threading.Event()
-
-
 def train(run: Run) -> None:
-    """Train one run; past ``run.time_limit`` seconds stop it (its whole process group) and
-    rebuild its summary from the log, marked ``stopped_by_time_limit``."""
-    if _STOPPING.is_set():
-        raise RuntimeError(f"{run.name}: not started, the benchmark is stopping")
+    """Train one run (scripts/train.py, which stops it at ``run.time_limit`` seconds)."""
     with open(run.out / "stdout.txt", "w") as log:
-        proc = subprocess.Popen(run.train_command(), stdout=log, stderr=subprocess.STDOUT,
-                                env=thread_env(), start_new_session=True)
-        _RUNNING.add(proc.pid)
-        try:
-            rc = proc.wait(timeout=run.time_limit)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            if proc.poll() is None:  # the time limit, or this process interrupted
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait()
-            _RUNNING.discard(proc.pid)
-    if rc is None:
-        subprocess.run(run.summary_command(), check=True, stdout=subprocess.DEVNULL)
-        path = run.out / "train_summary.json"
-        summary = json.loads(path.read_text())
-        summary["stopped_by_time_limit"] = run.time_limit
-        path.write_text(json.dumps(summary, indent=2) + "\n")
-        if not (run.out / "model-best").exists():
-            raise RuntimeError(f"{run.name}: stopped by the time limit before its first evaluation")
-    elif rc != 0:
+        rc = subprocess.call(run.train_command(), stdout=log, stderr=subprocess.STDOUT, env=thread_env())
+    if rc == TIME_LIMIT_STATUS and not (run.out / "model-best").exists():
+        raise RuntimeError(f"{run.name}: stopped by the time limit before its first evaluation")
+    if rc not in (0, TIME_LIMIT_STATUS):
         raise RuntimeError(f"{run.name}: training failed (rc={rc}), see {run.out / 'stdout.txt'}")
-
-
-def stop_running() -> None:
-    """Start no more runs and stop those under way (their training fails)."""
-    _STOPPING.set()
-    for group in list(_RUNNING):
-        try:
-            os.killpg(group, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 def attempt(run: Run) -> Optional[Dict[str, Any]]:
@@ -238,12 +195,7 @@ def main(argv=None) -> None:
     print(f"[corpora] {len(runs)} runs ({len(args.corpora)} corpora x {len(args.pipelines)} pipelines "
           f"x {args.seeds} seeds), {args.workers} at a time", flush=True)
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
-        try:
-            results = list(pool.map(attempt, runs))
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            stop_running()
-            raise
+        results = list(pool.map(attempt, runs))
     records = [r for r in results if r is not None]
     stats = {c: json.loads((folders[c] / "stats.json").read_text()) for c in args.corpora
              if (folders[c] / "stats.json").exists()}

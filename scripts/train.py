@@ -1,6 +1,7 @@
 """Run `spacy train` with 1 CPU thread, timestamp every console line, and record wall time.
 
     python scripts/train.py CONFIG OUTPUT_DIR [--name NAME] [--summary PATH] [--gpu-id -1]
+                            [--time-limit SECONDS]
                             [spacy config overrides, e.g. --training.max_steps 2000]
 
 Writes OUTPUT_DIR/train_log.txt (the console output with elapsed seconds in front of every
@@ -9,6 +10,9 @@ benchmark results folder keeps these because training/ is not committed). The su
 the total wall time, the dev-score table parsed from spaCy's ConsoleLogger, the step of the best
 dev score and the elapsed time at which that evaluation row was printed ("time to best dev";
 it includes initialisation and the periodic dev evaluations, as every spaCy run does).
+With --time-limit, training still running after that many seconds is stopped: model-best is
+its best evaluation until then, the summary says ``stopped_by_time_limit`` and the exit status
+is 124 (as with coreutils' ``timeout``).
 """
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+TIME_LIMIT_STATUS = 124  # the exit status of a run stopped by --time-limit, as timeout's
 NUM = re.compile(r"^-?\d+(\.\d+)?$")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -105,6 +111,8 @@ def main() -> None:
     p.add_argument("--name", default=None)
     p.add_argument("--summary", type=Path, default=None)
     p.add_argument("--gpu-id", type=int, default=-1)
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="stop training after this many seconds (exit status 124)")
     p.add_argument("--from-log", action="store_true",
                    help="do not train: rebuild the summary from an existing OUTPUT_DIR/train_log.txt")
     args, overrides = p.parse_known_args()
@@ -123,31 +131,56 @@ def main() -> None:
         # the command the log was written by (its first line), not this call's
         command = old.get("command") or logged_command(log_path) or " ".join(cmd)
         write_summary(args, old.get("overrides", overrides), command, old.get("returncode", 0),
-                      old.get("wall_time_s", lines[-1][0] if lines else None), lines, name)
+                      old.get("wall_time_s", lines[-1][0] if lines else None), lines, name,
+                      old.get("stopped_by_time_limit"))
         return
+    t0 = time.perf_counter()
+    rc, lines, stopped = run_logged(cmd, log_path, args.time_limit)
+    wall = time.perf_counter() - t0
+    limit = args.time_limit if stopped else None
+    summary = write_summary(args, overrides, " ".join(cmd), rc, wall, lines, name, limit)
+    print(f"[train.py] {name}: rc={rc} wall={wall:.1f}s best step={summary['best_step']} "
+          f"dev score={summary['best_dev_score']} at {summary['time_to_best_s']}s"
+          + (f"; stopped by the time limit ({limit:g} s)" if stopped else ""), flush=True)
+    sys.exit(TIME_LIMIT_STATUS if stopped else rc)
+
+
+def run_logged(cmd, log_path: Path, time_limit=None):
+    """Run ``cmd`` on one thread, its console lines echoed and written to ``log_path`` with the
+    elapsed seconds in front; stopped (SIGTERM) after ``time_limit`` seconds if given.
+    Returns ``(returncode, [(elapsed, line)], stopped by the time limit)``."""
     lines = []
     t0 = time.perf_counter()
     with open(log_path, "w", encoding="utf8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=thread_env(), text=True, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            t = time.perf_counter() - t0
-            lines.append((t, line.rstrip("\n")))
-            log.write(f"[{t:9.1f}s] {line}")
-            log.flush()
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        rc = proc.wait()
-    wall = time.perf_counter() - t0
-    summary = write_summary(args, overrides, " ".join(cmd), rc, wall, lines, name)
-    print(f"[train.py] {name}: rc={rc} wall={wall:.1f}s best step={summary['best_step']} "
-          f"dev score={summary['best_dev_score']} at {summary['time_to_best_s']}s", flush=True)
-    sys.exit(rc)
+        stopped = threading.Event()
+
+        def stop() -> None:
+            stopped.set()
+            proc.terminate()
+
+        timer = threading.Timer(time_limit, stop) if time_limit else None
+        if timer is not None:
+            timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                t = time.perf_counter() - t0
+                lines.append((t, line.rstrip("\n")))
+                log.write(f"[{t:9.1f}s] {line}")
+                log.flush()
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            rc = proc.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+    return rc, lines, stopped.is_set() and rc != 0  # not when it ended just in time
 
 
-def write_summary(args, overrides, command, rc, wall, lines, name):
+def write_summary(args, overrides, command, rc, wall, lines, name, stopped_by_time_limit=None):
     header, rows = parse_table(lines)
     meta_path = args.output / "model-best" / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
@@ -170,6 +203,8 @@ def write_summary(args, overrides, command, rc, wall, lines, name):
         "columns": header,
         "evals": rows,
     }
+    if stopped_by_time_limit:
+        summary["stopped_by_time_limit"] = stopped_by_time_limit
     text = json.dumps(summary, indent=2) + "\n"
     (args.output / "train_summary.json").write_text(text)
     if args.summary:

@@ -5,8 +5,6 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -210,7 +208,7 @@ def test_finished_run_is_not_rerun(tmp_path, monkeypatch):
     run = _run(tmp_path)
     run.out.mkdir(parents=True)
     (run.out / "run.json").write_text(json.dumps({"name": run.name, "dev": {}, "test": {}}))
-    monkeypatch.setattr(subprocess, "Popen", _no_subprocess)
+    monkeypatch.setattr(subprocess, "call", _no_subprocess)
     monkeypatch.setattr(subprocess, "run", _no_subprocess)
     assert corpora.execute(run)["name"] == run.name
 
@@ -227,7 +225,7 @@ def test_trained_run_is_only_evaluated(tmp_path, monkeypatch):
         evaluated.append(split)
         out.write_text(json.dumps({"ents_f": 0.5, "ents_p": 0.6, "ents_r": 0.4 if split == "dev" else 0.3}))
 
-    monkeypatch.setattr(subprocess, "Popen", _no_subprocess)
+    monkeypatch.setattr(subprocess, "call", _no_subprocess)
     monkeypatch.setattr(subprocess, "run", fake_evaluate)
     rec = corpora.execute(run)
     assert evaluated == ["dev", "test"]
@@ -236,69 +234,28 @@ def test_trained_run_is_only_evaluated(tmp_path, monkeypatch):
     assert json.loads((run.out / "run.json").read_text()) == rec
 
 
-# A training that logs two evaluations, saves model-best, starts a process of its own and then
-# hangs: what the time limit must stop, grandchild included.
-FAKE_TRAINING = """
-import subprocess, sys, time
-from pathlib import Path
-out = Path(sys.argv[1])
-(out / "model-best").mkdir(parents=True, exist_ok=True)
-rows = ["E    #       LOSS TOK2VEC  LOSS FSEMICRF_NER  ENTS_F  ENTS_P  ENTS_R  SCORE",
-        "  0     100          1.00          20.00   40.00   50.00   33.33    0.40",
-        "  1     200          0.50          10.00   55.00   60.00   50.77    0.55"]
-(out / "train_log.txt").write_text("$ spacy train fake\\n" + "".join(f"[{i:9.1f}s] {r}\\n" for i, r in enumerate(rows)))
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-(out / "child.pid").write_text(str(child.pid))
-time.sleep(60)
-"""
+def _fake_training(monkeypatch, code: str) -> None:
+    monkeypatch.setattr(corpora.Run, "train_command", lambda self: [sys.executable, "-c", code])
 
 
-def test_time_limit_stops_the_run_and_its_children_and_keeps_its_evaluations(tmp_path, monkeypatch):
-    run = _run(tmp_path)
-    run.time_limit = 3.0
-    run.out.mkdir(parents=True)
-    script = tmp_path / "fake_training.py"
-    script.write_text(FAKE_TRAINING)
-    monkeypatch.setattr(corpora.Run, "train_command", lambda self: [sys.executable, str(script), str(self.out)])
-    corpora.train(run)
-    summary = json.loads((run.out / "train_summary.json").read_text())
-    assert summary["stopped_by_time_limit"] == 3.0
-    assert summary["steps_run"] == 200 and [e["ENTS_R"] for e in summary["evals"]] == [33.33, 50.77]
-    assert summary["command"] == "spacy train fake"
-    child = int((run.out / "child.pid").read_text())
-    deadline = time.time() + 10
-    while Path(f"/proc/{child}").exists() and time.time() < deadline:
-        time.sleep(0.1)  # the child gets SIGTERM; give it a moment to be reaped
-    status = Path(f"/proc/{child}/status")
-    assert not status.exists() or "zombie" in status.read_text()
-
-
-def test_run_that_fails_before_the_limit_raises(tmp_path, monkeypatch):
+def test_time_limit_reaches_train_py_and_a_stopped_run_counts_as_trained(tmp_path, monkeypatch):
     run = _run(tmp_path)
     run.time_limit = 30.0
-    run.out.mkdir(parents=True)
-    monkeypatch.setattr(corpora.Run, "train_command", lambda self: [sys.executable, "-c", "raise SystemExit(3)"])
-    with pytest.raises(RuntimeError, match="rc=3"):
-        corpora.train(run)
+    assert "--time-limit 30.0" in " ".join(run.train_command())
+    assert "--time-limit" not in " ".join(_run(tmp_path).train_command())
+    (run.out / "model-best").mkdir(parents=True)
+    _fake_training(monkeypatch, f"raise SystemExit({corpora.TIME_LIMIT_STATUS})")
+    corpora.train(run)  # stopped after an evaluation: scored at its model-best
 
 
-def test_stopping_the_benchmark_stops_the_trainings_under_way_and_starts_no_more(tmp_path, monkeypatch):
+def test_run_stopped_before_its_first_evaluation_or_failed_raises(tmp_path, monkeypatch):
     run = _run(tmp_path)
     run.out.mkdir(parents=True)
-    script = tmp_path / "fake_training.py"
-    script.write_text(FAKE_TRAINING)
-    monkeypatch.setattr(corpora.Run, "train_command", lambda self: [sys.executable, str(script), str(self.out)])
-    monkeypatch.setattr(corpora, "_STOPPING", threading.Event())
-    errors = []
-    worker = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, corpora.train, run)))
-    worker.start()
-    deadline = time.time() + 20
-    while not (run.out / "child.pid").exists() and time.time() < deadline:
-        time.sleep(0.1)
-    corpora.stop_running()
-    worker.join(20)
-    assert not worker.is_alive() and "rc=-15" in str(errors[0].value)
-    with pytest.raises(RuntimeError, match="not started"):
+    _fake_training(monkeypatch, f"raise SystemExit({corpora.TIME_LIMIT_STATUS})")
+    with pytest.raises(RuntimeError, match="before its first evaluation"):
+        corpora.train(run)
+    _fake_training(monkeypatch, "raise SystemExit(3)")
+    with pytest.raises(RuntimeError, match="rc=3"):
         corpora.train(run)
 
 

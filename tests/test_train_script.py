@@ -1,8 +1,10 @@
-"""scripts/train.py --from-log: a run stopped before spaCy wrote its summary (e.g. by a time
-limit) gets one rebuilt from its console log, naming the command that trained it."""
+"""scripts/train.py: --from-log rebuilds the summary of a run stopped before spaCy wrote one,
+naming the command that trained it; --time-limit stops a training and keeps its log."""
+import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,3 +29,29 @@ def test_summary_rebuilt_from_the_log_names_the_logged_command(tmp_path):
     assert summary["steps_run"] == 400
     assert summary["best_step"] == 200 and summary["time_to_best_s"] == 93.7
     assert [row["#"] for row in summary["evals"]] == [0, 200, 400]
+
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import train  # noqa: E402
+
+# A training that logs an evaluation, then hangs.
+HANGS = "import time; print('E    #  ENTS_F  SCORE'); print('  0   100   40.00    0.40', flush=True); time.sleep(60)"
+
+
+def test_time_limit_stops_the_training_and_keeps_what_it_logged(tmp_path):
+    start = time.perf_counter()
+    rc, lines, stopped = train.run_logged([sys.executable, "-c", HANGS], tmp_path / "log.txt", time_limit=2)
+    assert stopped and rc != 0 and time.perf_counter() - start < 30
+    assert [line for _, line in lines] == ["E    #  ENTS_F  SCORE", "  0   100   40.00    0.40"]
+    assert (tmp_path / "log.txt").read_text().startswith(f"$ {sys.executable} -c")
+    assert train.parse_table(lines)[1][0]["#"] == 100
+    args = argparse.Namespace(config=Path("c.cfg"), output=tmp_path, summary=None)
+    summary = train.write_summary(args, [], "cmd", rc, 2.0, lines, "x", 2)
+    assert summary["stopped_by_time_limit"] == 2 and summary["steps_run"] == 100
+    assert "stopped_by_time_limit" not in train.write_summary(args, [], "cmd", 0, 2.0, lines, "x")
+
+
+def test_a_training_that_ends_within_the_limit_is_not_stopped(tmp_path):
+    rc, lines, stopped = train.run_logged([sys.executable, "-c", "print('done')"], tmp_path / "log.txt",
+                                          time_limit=30)
+    assert (rc, [line for _, line in lines], stopped) == (0, ["done"], False)
