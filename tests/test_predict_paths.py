@@ -11,8 +11,11 @@ from thinc.api import Model, NumpyOps
 
 from spacy_fsemicrf.component import _doc_bounds, set_entities
 from spacy_fsemicrf.head_model import _merge_rows, _pad, _pad_words
+import pytest
+
+from spacy_fsemicrf.structured import heads as heads_module
 from spacy_fsemicrf.structured.heads import _SpanScorer
-from spacy_fsemicrf.structured.spans import document_mean, same_word_mean
+from spacy_fsemicrf.structured.spans import SPAN_REPRS, document_mean, same_word_mean
 
 
 def _width_model(width: int) -> Model:
@@ -53,6 +56,31 @@ def test_span_scorer_of_unpadded_documents_matches_them_padded():
         together = scorer(padded, torch.tensor([5, 5, 9]))
     for w in range(3):  # spans that end inside the documents
         assert torch.equal(alone[:, : 5 - w, w], together[:2, : 5 - w, w])
+
+
+@pytest.mark.parametrize("span_repr", SPAN_REPRS)
+@pytest.mark.parametrize("doc_vector,span_norm,hidden_depth", [(False, False, 1), (True, True, 2)])
+@pytest.mark.parametrize("batch,length", [(7, 5), (2, 45), (1, 3)])
+def test_span_scorer_in_chunks_equals_one_piece_bit_for_bit(
+    monkeypatch, span_repr, doc_vector, span_norm, hidden_depth, batch, length
+):
+    """Prediction on a CPU builds the span representations a chunk at a time (whole short
+    documents, or part of a long one): every score is the one the whole batch in one piece
+    (the training path) gives, bit for bit, in the same label-major layout."""
+    torch.manual_seed(0)
+    scorer = _SpanScorer(6, 5, 4, 16, span_repr, 0.0, hidden_depth, span_norm, doc_vector).eval()
+    x = torch.randn(batch, length, 6)
+    lengths = torch.randint(1, length + 1, (batch,))
+    lengths[0] = length
+    # 64 spans a chunk: 16 positions of 4 widths, with chunk columns well past the lengths
+    # below which a matrix product may round differently
+    monkeypatch.setattr(heads_module, "PREDICT_CHUNK_ELEMENTS", 64 * 16)
+    with torch.enable_grad():
+        whole = scorer(x, lengths).detach()
+    with torch.inference_mode():
+        chunked = scorer(x, lengths)
+    assert torch.equal(chunked, whole)
+    assert chunked.stride() == whole.stride()
 
 
 # a bare vocab, shared: a blank pipeline per hypothesis example cost 50 ms each

@@ -10,6 +10,7 @@ from spacy_fsemicrf.structured.spans import (
     SpanFeaturizer,
     document_mean,
     gold_label_grid,
+    grid_chunks,
     overlap_mask,
     same_word_mean,
     span_mask,
@@ -208,3 +209,24 @@ def test_span_ends_cached_under_inference_mode_serve_training():
     x = torch.randn(20, requires_grad=True)
     x[span_ends(*shape).clamp_max(19)].sum().backward()  # saves the index for backward
     assert x.grad is not None and float(x.grad.sum()) == 13 * 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 9), st.integers(0, 60), st.integers(1, 6), st.integers(1, 80))
+def test_grid_chunks_cover_every_position_once_in_order(batch, length, max_width, spans):
+    """Every (document, position) once, in row order; a chunk is whole documents or part of
+    one (contiguous rows of a [B, L, K] tensor); none smaller than half the asked size unless
+    it is the only one, none larger than one and a half times it (plus one document)."""
+    chunks = grid_chunks(batch, length, max_width, spans)
+    rows = []
+    for docs, positions in chunks:
+        assert positions == slice(0, length) or docs.stop - docs.start == 1
+        rows += [(b, i) for b in range(docs.start, docs.stop)
+                 for i in range(positions.start, positions.stop)]
+    assert rows == [(b, i) for b in range(batch) for i in range(length)]
+    per_chunk = max(1, spans // max_width)
+    if length and len(chunks) > 1:
+        sizes = [(d.stop - d.start) * (p.stop - p.start) for d, p in chunks]
+        unit = max(per_chunk // length, 1) * length if length <= per_chunk else per_chunk
+        assert all(2 * n >= unit for n in sizes)
+        assert all(2 * n <= 3 * unit for n in sizes)

@@ -6,7 +6,7 @@ of tokens ``i .. i + w`` (inclusive, width ``w + 1``) of document ``b``. It is a
 most ``n * K``.
 """
 import functools
-from typing import Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy
 import torch
@@ -208,9 +208,18 @@ def window_view(x: torch.Tensor, max_width: int) -> torch.Tensor:
 
     A strided view of the zero-padded input: no copy, whatever K is.
     """
+    return _windows(_pad_windows(x, max_width), max_width, slice(None), slice(0, x.shape[1]))
+
+
+def _pad_windows(x: torch.Tensor, max_width: int) -> torch.Tensor:
     # One pad position more than needed, so that an empty document still has a window.
-    padded = torch.nn.functional.pad(x, (0, 0, 0, max_width))
-    return padded.unfold(1, max_width, 1)[:, : x.shape[1]].transpose(-1, -2)
+    return torch.nn.functional.pad(x, (0, 0, 0, max_width))
+
+
+def _windows(padded: torch.Tensor, max_width: int, docs: slice, positions: slice) -> torch.Tensor:
+    """The windows of :func:`window_view` of the documents ``docs`` starting at ``positions``,
+    read from the zero-padded ``[B, L + K, D]`` input (a view)."""
+    return padded[docs].unfold(1, max_width, 1)[:, positions].transpose(-1, -2)
 
 
 def window_max(x: torch.Tensor, max_width: int) -> torch.Tensor:
@@ -222,13 +231,61 @@ def window_max(x: torch.Tensor, max_width: int) -> torch.Tensor:
     it was about 10x faster forward and 1.5x forward+backward (CPU, one thread, B 32, L 150,
     K 10, H 128); its backward is a mask per step.
     """
-    length = x.shape[1]
-    padded = torch.nn.functional.pad(x, (0, 0, 0, max_width))
-    running, steps = x, [x]
+    return _window_max(x, _pad_windows(x, max_width), max_width, slice(None), slice(0, x.shape[1]))
+
+
+def _window_max(
+    x: torch.Tensor, padded: torch.Tensor, max_width: int, docs: slice, positions: slice
+) -> torch.Tensor:
+    """:func:`window_max` of the documents ``docs`` at ``positions``, from ``x`` and its
+    zero-padded ``[B, L + K, H]`` copy."""
+    first, stop = positions.start, positions.stop
+    running = x[docs, first:stop]
+    steps = [running]
     for w in range(1, max_width):
-        running = torch.maximum(running, padded[:, w : w + length])
+        running = torch.maximum(running, padded[docs, first + w : stop + w])
         steps.append(running)
     return torch.stack(steps, dim=2)
+
+
+def grid_chunks(batch: int, length: int, max_width: int, spans: int) -> List[Tuple[slice, slice]]:
+    """``(docs, positions)`` slices that cover the ``[B, L]`` positions in order, each holding
+    about ``spans`` grid entries (``positions * K``) and at least half as many (the last chunk
+    takes in a smaller rest), so that prediction can build the ``[B, L, K, H]`` span
+    representations a cache-sized chunk at a time. A chunk is either whole documents or part
+    of one, so its rows of a ``[..., B, L, K]`` tensor are contiguous."""
+    if batch * length == 0:
+        return []
+    per_chunk = max(1, spans // max_width)  # positions
+    if length <= per_chunk:
+        step, total = max(1, per_chunk // length), batch
+    else:
+        step, total = per_chunk, length
+    bounds = list(range(0, total, step)) + [total]
+    if len(bounds) > 2 and (bounds[-1] - bounds[-2]) * 2 < step:
+        del bounds[-2]
+    pieces = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    if length <= per_chunk:
+        return [(docs, slice(0, length)) for docs in pieces]
+    return [(slice(b, b + 1), positions) for b in range(batch) for positions in pieces]
+
+
+class SpanTerms(NamedTuple):
+    """The per-token parts of a batch's span representations, from which
+    :meth:`SpanFeaturizer.grid` builds the ``[B, L, K, H]`` grid (or a chunk of it).
+
+    ``ends``: ``[B, L + K, H]``, zero-padded, the term of each span's last token (read
+    through its windows), or None; ``starts``: ``[B, L, H]``, the term of each span's first
+    token, added (``endpoints``) or subtracted (sums); ``peak``: the tokens max-pooled over each
+    span, ``[B, L, H]`` with its zero-padded copy, or None; ``bias``: ``[K, H]`` or, with the
+    document term, ``[B, 1, K, H]``.
+    """
+
+    ends: Optional[torch.Tensor]
+    starts: Optional[torch.Tensor]
+    subtract: bool
+    peak: Optional[Tuple[torch.Tensor, torch.Tensor]]
+    bias: torch.Tensor
 
 
 class SpanFeaturizer(nn.Module):
@@ -300,15 +357,20 @@ class SpanFeaturizer(nn.Module):
     def forward(self, x: torch.Tensor, doc: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x [B, L, D]`` (zeroed past each document's length if ``reach``) and, with
         ``doc_vector``, ``doc [B, D]``, the mean token vector of each document."""
+        return self.grid(self.terms(x, doc), slice(None), slice(0, x.shape[1]))
+
+    def terms(self, x: torch.Tensor, doc: Optional[torch.Tensor] = None) -> SpanTerms:
+        """The per-token terms of :meth:`forward` (same arguments)."""
         if (doc is None) != (self.doc_proj is None):
             raise ValueError("doc must be given exactly when the featurizer has doc_vector")
         proj = self.token_proj(x)
         K, L = self.max_width, x.shape[1]
+        ends = starts = peak = None
+        subtract = self.span_repr != "endpoints"
         if self.span_repr == "endpoints":
-            start, end = proj.chunk(2, dim=-1)
-            pooled = torch.add(window_view(end, K), start.unsqueeze(2))
+            starts, ends = proj.chunk(2, dim=-1)
         elif self.span_repr != "max":  # sums of the projected tokens, and the boundary terms
-            start = end = peak = None
+            start = end = None
             if self.pool_max:
                 hidden_width = self.width_emb.shape[1]
                 proj, peak = proj.split([proj.shape[-1] - hidden_width, hidden_width], dim=-1)
@@ -320,21 +382,35 @@ class SpanFeaturizer(nn.Module):
                 end = end + torch.nn.functional.pad(after, (0, 0, 0, 1))[:, 1:]
             # prefix[t] = sum of proj[:t]; span i..i+w sums to prefix[i+w+1] - prefix[i]
             prefix = torch.nn.functional.pad(proj.cumsum(1), (0, 0, 1, 0))
-            right, left = prefix[:, 1:], prefix[:, :L]
+            ends, starts = prefix[:, 1:], prefix[:, :L]
             if start is not None:  # the boundary terms fold into the two per-token terms
-                right, left = right + end, left - start
-            pooled = torch.sub(window_view(right, K), left.unsqueeze(2))
-            if self.span_repr == "mean":
-                widths = torch.arange(1, K + 1, device=x.device, dtype=proj.dtype)
-                pooled.div_(widths.view(1, 1, -1, 1))
-            if peak is not None:
-                pooled.add_(window_max(peak, K))
+                ends, starts = ends + end, starts - start
         else:
-            pooled = window_max(proj, K)
+            peak = proj
         bias = self.width_emb  # [K, H], or [B, 1, K, H] with the document term
         if self.doc_proj is not None:
             bias = bias + self.doc_proj(doc)[:, None, None, :]
-        pooled.add_(bias)
+        return SpanTerms(
+            None if ends is None else _pad_windows(ends, K), starts, subtract,
+            None if peak is None else (peak, _pad_windows(peak, K)), bias,
+        )
+
+    def grid(self, terms: SpanTerms, docs: slice, positions: slice) -> torch.Tensor:
+        """``[b, p, K, H]``: the representations of the spans of documents ``docs`` that start
+        at ``positions`` (slices of the ``[B, L]`` positions :meth:`terms` was given)."""
+        K = self.max_width
+        if terms.ends is not None:
+            ends = _windows(terms.ends, K, docs, positions)
+            starts = terms.starts[docs, positions].unsqueeze(2)
+            pooled = torch.sub(ends, starts) if terms.subtract else torch.add(ends, starts)
+            if self.span_repr == "mean":
+                widths = torch.arange(1, K + 1, device=pooled.device, dtype=pooled.dtype)
+                pooled.div_(widths.view(1, 1, -1, 1))
+            if terms.peak is not None:
+                pooled.add_(_window_max(*terms.peak, K, docs, positions))
+        else:
+            pooled = _window_max(*terms.peak, K, docs, positions)
+        pooled.add_(terms.bias if terms.bias.dim() == 2 else terms.bias[docs])
         if self.norm is not None:
             pooled = self.norm(pooled)
         return pooled.relu_()
