@@ -276,14 +276,13 @@ class SpanTerms(NamedTuple):
 
     ``ends``: ``[B, L + K, H]``, zero-padded, the term of each span's last token (read
     through its windows), or None; ``starts``: ``[B, L, H]``, the term of each span's first
-    token, added (``endpoints``) or subtracted (sums); ``peak``: the tokens max-pooled over each
+    token, added (``endpoints``) or subtracted (sums), or None; ``peak``: the tokens max-pooled over each
     span, ``[B, L, H]`` with its zero-padded copy, or None; ``bias``: ``[K, H]`` or, with the
     document term, ``[B, 1, K, H]``.
     """
 
     ends: Optional[torch.Tensor]
     starts: Optional[torch.Tensor]
-    subtract: bool
     peak: Optional[Tuple[torch.Tensor, torch.Tensor]]
     bias: torch.Tensor
 
@@ -366,7 +365,6 @@ class SpanFeaturizer(nn.Module):
         proj = self.token_proj(x)
         K, L = self.max_width, x.shape[1]
         ends = starts = peak = None
-        subtract = self.span_repr != "endpoints"
         if self.span_repr == "endpoints":
             starts, ends = proj.chunk(2, dim=-1)
         elif self.span_repr != "max":  # sums of the projected tokens, and the boundary terms
@@ -391,7 +389,7 @@ class SpanFeaturizer(nn.Module):
         if self.doc_proj is not None:
             bias = bias + self.doc_proj(doc)[:, None, None, :]
         return SpanTerms(
-            None if ends is None else _pad_windows(ends, K), starts, subtract,
+            None if ends is None else _pad_windows(ends, K), starts,
             None if peak is None else (peak, _pad_windows(peak, K)), bias,
         )
 
@@ -402,7 +400,10 @@ class SpanFeaturizer(nn.Module):
         if terms.ends is not None:
             ends = _windows(terms.ends, K, docs, positions)
             starts = terms.starts[docs, positions].unsqueeze(2)
-            pooled = torch.sub(ends, starts) if terms.subtract else torch.add(ends, starts)
+            if self.span_repr == "endpoints":
+                pooled = torch.add(ends, starts)
+            else:
+                pooled = torch.sub(ends, starts)
             if self.span_repr == "mean":
                 widths = torch.arange(1, K + 1, device=pooled.device, dtype=pooled.dtype)
                 pooled.div_(widths.view(1, 1, -1, 1))
