@@ -7,8 +7,10 @@ Documents of 10, 35, 150 and 1,500 tokens are cut from the test set's running te
 short piece is dropped), and the pipeline predicts them in batches of 64 and of 1, on one
 thread. Each stage is timed by wrapping the function that does it (inclusive thread CPU time
 summed over calls, which other processes on the machine do not inflate); ``tok2vec`` is the pipeline's components before ``fsemicrf_ner``, and ``other`` is
-what ``predict`` spends outside the listed stages (Thinc glue, grouping, copies). Writes
-``<output>.json`` and ``<output>.md``.
+what ``predict`` spends outside the listed stages (Thinc glue, grouping, copies). Each setting
+also gives the head's time per document and the number of PyTorch operators one ``predict``
+call dispatches (top-level ``aten::`` calls, from ``torch.profiler``): on short documents the
+head's cost is mostly a fixed cost per operator. Writes ``<output>.json`` and ``<output>.md``.
 """
 import argparse
 import contextlib
@@ -114,6 +116,30 @@ def profile(nlp, docs, batch_size: int, repeats: int) -> Dict[str, float]:
     return best
 
 
+def operators_per_call(nlp, docs) -> int:
+    """How many PyTorch operators (top-level ``aten::`` calls, not those they call) one
+    ``predict`` of ``docs`` dispatches."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    ner = nlp.get_pipe("fsemicrf_ner")
+    batch = list(nlp.pipe([d.copy() for d in docs], disable=["fsemicrf_ner"]))
+    ner.predict(batch)  # warm
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        ner.predict(batch)
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")
+               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+
+
+def small_operator_us(repeats: int = 5, number: int = 20000) -> float:
+    """Microseconds of one PyTorch operator on a tiny tensor (``x + 0.0``, 10 x 8, inference
+    mode), best of ``repeats``: the fixed cost of an operator call on this machine."""
+    import timeit
+
+    x = torch.zeros((10, 8))
+    with torch.inference_mode():
+        return 1e6 * min(timeit.repeat(lambda: x + 0.0, number=number, repeat=repeats)) / number
+
+
 def exclusive(times: Dict[str, float]) -> Dict[str, float]:
     """Each stage's time minus that of the stages it contains; ``other`` = predict's rest,
     including what ``span_scores`` spends outside its listed stages (masks, module calls)."""
@@ -157,6 +183,8 @@ def main() -> None:
             rows.append({"length": length, "batch_size": batch_size, "docs": len(subset),
                          "words": n, "words_per_s": n / times["total"],
                          "head_share": 1 - times["tok2vec"] / times["total"],
+                         "head_us_per_doc": 1e6 * (times["total"] - times["tok2vec"]) / len(subset),
+                         "operators_per_call": operators_per_call(nlp, subset[:batch_size]),
                          "seconds": {k: round(v, 5) for k, v in excl.items()}})
             print(f"length {length:5d} batch {batch_size:3d}: {n / times['total']:9.0f} words/s, "
                   f"head {100 * rows[-1]['head_share']:.0f}% of the time")
@@ -164,21 +192,29 @@ def main() -> None:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"model": args.model, "test": args.test, "threads": 1, "repeats": args.repeats,
-            "torch": torch.__version__}
+            "torch": torch.__version__, "small_operator_us": round(small_operator_us(), 2)}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    stages = [k for k in rows[0]["seconds"] if k != "total"]
+    # a stage a setting never reached (no entity to score, say) takes no time there
+    stages = list(dict.fromkeys(k for r in rows for k in r["seconds"] if k != "total"))
     lines = ["# Prediction time of fsemicrf_ner by stage", "",
              f"Model `{args.model}`, documents cut from `{args.test}`, one thread; share of each "
              "stage in the total time (exclusive), words/s, and the head's share (everything "
-             "but the tok2vec). Made by `python benchmarks/profile_predict.py --model "
-             f"{args.model} --test {args.test} --output {args.output}`.", "",
+             "but the tok2vec). One PyTorch operator on a tiny tensor costs "
+             f"{meta['small_operator_us']} µs on this machine. Made by `python "
+             f"benchmarks/profile_predict.py --model {args.model} --test {args.test} --output "
+             f"{args.output}`.", "",
              "| stage | " + " | ".join(f"L={r['length']} b={r['batch_size']}" for r in rows) + " |",
              "|---|" + "---:|" * len(rows)]
     for stage in stages:
         lines.append(f"| {stage} | " + " | ".join(
-            f"{100 * r['seconds'][stage] / r['seconds']['total']:.1f}%" for r in rows) + " |")
+            f"{100 * r['seconds'].get(stage, 0.0) / r['seconds']['total']:.1f}%" for r in rows)
+            + " |")
     lines.append("| words/s | " + " | ".join(f"{r['words_per_s']:.0f}" for r in rows) + " |")
     lines.append("| head share | " + " | ".join(f"{100 * r['head_share']:.1f}%" for r in rows) + " |")
+    lines.append("| head µs per document | "
+                 + " | ".join(f"{r['head_us_per_doc']:.0f}" for r in rows) + " |")
+    lines.append("| PyTorch operators per predict call | "
+                 + " | ".join(str(r["operators_per_call"]) for r in rows) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -19,12 +19,14 @@ The ways run in phases: first those without a cluster, then each cluster with ``
 beside it (an idle cluster's event loops and heartbeats take CPU time from whatever else runs).
 Within a phase every way runs ``--repeats`` times, interleaved, the median is reported, and the
 speedups are against that phase's own ``nlp.pipe``; every way must produce the entities of
-``nlp.pipe``. Writes OUTPUT.json and OUTPUT.md.
+``nlp.pipe``. Each run's CPU time, this process's and its worker processes' together, says
+how much work a parallel way adds to what one process does. Writes OUTPUT.json and OUTPUT.md.
 """
 import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import tempfile
 import time
@@ -78,6 +80,14 @@ def load_average() -> List[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
+    """User and system CPU seconds of this process (``RUSAGE_SELF``: all its threads, a
+    LocalCluster's scheduler among them) or of its child processes that have ended and been
+    waited for (``RUSAGE_CHILDREN``: ``nlp.pipe(n_process=N)``'s workers, once it returns)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Dask:
     """A warm LocalCluster of ``n`` workers that annotates the corpus into fresh directories."""
 
@@ -87,6 +97,7 @@ class Dask:
         self.scratch, self.args = scratch, args
         self.name = name or f"dask{n}"  # its output directories' prefix
         self.runs = 0
+        self.cpu: List[float] = []  # CPU seconds of the workers in each run
         start = time.perf_counter()
         self.client, self.cluster = connect(None, n)  # as annotate makes its LocalCluster
         if on_workers is not None:  # run on every worker before it loads the pipeline
@@ -97,8 +108,11 @@ class Dask:
     def __call__(self) -> List[tuple]:
         self.runs += 1
         out = self.scratch / f"{self.name}-{self.runs}"
+        before = self.client.run(cpu_seconds)
         annotate(self.model, self.corpus, out, client=self.client, progress=False,
                  batch_size=self.args.batch_size, shard_size=self.args.shard_size)
+        after = self.client.run(cpu_seconds)
+        self.cpu.append(sum(after[w] - before[w] for w in after))
         return output_tuples(out, self.n_docs)
 
     def close(self) -> None:
@@ -124,29 +138,39 @@ def cold_dask(n: int, model: str, corpus: Path, out: Path, args) -> float:
     return time.perf_counter() - start
 
 
+Timings = Tuple[Dict[str, List[float]], Dict[str, bool], Dict[str, List[float]]]
+
+
 def time_interleaved(ways: Dict[str, Callable[[], List[tuple]]], repeats: int,
-                     reference: List[tuple]) -> Tuple[Dict[str, List[float]], Dict[str, bool]]:
+                     reference: List[tuple]) -> Timings:
     """Run every way ``repeats`` times, interleaved: the seconds of each run (a way that times
-    itself, e.g. in a fresh process without its start, gives them as ``.seconds[-1]``) and
-    whether every run gave the ``reference`` entities."""
+    itself, e.g. in a fresh process without its start, gives them as ``.seconds[-1]``), whether
+    every run gave the ``reference`` entities, and the CPU seconds of each run: this process's
+    and its ended child processes', plus ``.cpu[-1]`` of a way whose workers are not children
+    that end (a Dask cluster's)."""
     seconds: Dict[str, List[float]] = {name: [] for name in ways}
     same: Dict[str, bool] = {name: True for name in ways}
+    cpu: Dict[str, List[float]] = {name: [] for name in ways}
     for _ in range(repeats):
         for name, run in ways.items():
+            cpu_before = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             got = run()
             elapsed = time.perf_counter() - start
+            used = cpu_seconds() + cpu_seconds(resource.RUSAGE_CHILDREN) - cpu_before
             own = getattr(run, "seconds", None)
             seconds[name].append(own[-1] if isinstance(own, list) else elapsed)
+            workers = getattr(run, "cpu", None)
+            cpu[name].append(used + (workers[-1] if isinstance(workers, list) else 0.0))
             same[name] &= got == reference
-    return seconds, same
+    return seconds, same, cpu
 
 
 def phase_rows(phase: str, ways: Dict[str, Callable[[], List[tuple]]], repeats: int,
                reference: List[tuple], n_docs: int, n_words: int) -> List[Dict]:
     """Time ``ways`` ``repeats`` times, interleaved; the first way is the phase's reference
     (``speedup``), and ``nlp.pipe, 1 thread``, where the phase has it, the second one."""
-    seconds, same = time_interleaved(ways, repeats, reference)
+    seconds, same, cpu = time_interleaved(ways, repeats, reference)
     base = statistics.median(next(iter(seconds.values())))
     one = seconds.get("nlp.pipe, 1 thread")
     rows = []
@@ -161,6 +185,7 @@ def phase_rows(phase: str, ways: Dict[str, Callable[[], List[tuple]]], repeats: 
             "words_per_s": round(n_words / median),
             "speedup": round(base / median, 2),
             "speedup_vs_one_thread": round(statistics.median(one) / median, 2) if one else None,
+            "cpu_s": round(statistics.median(cpu[name]), 3),
             "same_entities_as_nlp_pipe": same[name],
             "warm_start_s": None,
         })
@@ -254,8 +279,8 @@ def markdown(result: Dict) -> str:
         f"15 min).",
         "",
         "| phase | way | runs (s) | median s | docs/s | words/s | speedup | vs 1 thread "
-        "| same entities | warm start s |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| CPU s | same entities | warm start s |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for r in result["rows"]:
         start = "" if r["warm_start_s"] is None else r["warm_start_s"]
@@ -263,13 +288,15 @@ def markdown(result: Dict) -> str:
         one = "" if r.get("speedup_vs_one_thread") is None else f"{r['speedup_vs_one_thread']}x"
         lines.append(f"| {r.get('phase', '')} | {r['way']} | {runs} | {r['median_s']} | "
                      f"{r['docs_per_s']} | {r['words_per_s']} | {r['speedup']}x | {one} | "
+                     f"{r.get('cpu_s', '')} | "
                      f"{'yes' if r['same_entities_as_nlp_pipe'] else 'NO'} | {start} |")
     cold = result["cold_dask_s"]
     lines += [
         "",
         "Speedup: against the first row of the same phase, `nlp.pipe` in one process with "
-        "PyTorch's default threads; vs 1 thread: against the same with one thread. Warm start: "
-        "starting the LocalCluster and "
+        "PyTorch's default threads; vs 1 thread: against the same with one thread. CPU s: "
+        "median CPU time of a run, user and system, this process (with a LocalCluster's "
+        "scheduler) and its worker processes together. Warm start: starting the LocalCluster and "
         "loading the pipeline on its workers, before the timed runs. A cold `annotate` (the "
         f"command as a user runs it: cluster start, pipeline load, annotation) took "
         f"{cold['1']} s with 1 worker and {cold['2']} s with 2.",

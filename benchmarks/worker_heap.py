@@ -135,7 +135,7 @@ def main() -> None:
             "Dask, 2 workers, without": without,
         }
         # a PipeRun's own timing of the call (in a fresh process: without its start and load)
-        seconds, same = time_interleaved(ways, args.repeats, reference)
+        seconds, same, _ = time_interleaved(ways, args.repeats, reference)
         for cluster in (kept, without):
             cluster.close()
     rows = []
