@@ -141,7 +141,8 @@ def execute(run: Run) -> Dict[str, Any]:
 def train(run: Run) -> None:
     """Train one run (scripts/train.py, which stops it at ``run.time_limit`` seconds)."""
     with open(run.out / "stdout.txt", "w") as log:
-        rc = subprocess.call(run.train_command(), stdout=log, stderr=subprocess.STDOUT, env=thread_env())
+        rc = subprocess.call(run.train_command(), stdout=log, stderr=subprocess.STDOUT,
+                             env=thread_env())
     if rc == TIME_LIMIT_STATUS and not (run.out / "model-best").exists():
         raise RuntimeError(f"{run.name}: stopped by the time limit before its first evaluation")
     if rc not in (0, TIME_LIMIT_STATUS):

@@ -100,7 +100,8 @@ def build(runs: Sequence[Dict[str, Any]], corpus_order: Sequence[str] = (),
             # steps trained, seed by seed: fewer than the budget where the time limit stopped it
             row["steps"] = [r.get("steps_run") for r in done]
             row["dev_recall_by_step"] = recall_by_step(runs, corpus, pipeline)
-            row["time_limit"] = max((r.get("stopped_by_time_limit") or 0 for r in done), default=0) or None
+            row["time_limit"] = max((r.get("stopped_by_time_limit") or 0 for r in done),
+                                    default=0) or None
             if row["seeds"]:
                 rows.append(row)
             if pipeline == FILTERED:
@@ -239,10 +240,12 @@ def main(argv=None) -> None:
     runs = load_runs(args.runs)
     stats = {r["corpus"]: json.loads((args.corpus_dir / r["corpus"] / "stats.json").read_text())
              for r in runs if (args.corpus_dir / r["corpus"] / "stats.json").exists()}
-    from prepare_corpus import CORPORA  # the order scripts/corpora.py reports in
+    # the corpora and pipelines in the order scripts/corpora.py runs and reports them (imported
+    # here: corpora.py imports this module)
+    from corpora import ALL_CORPORA, PIPELINES
 
-    write(runs, args.output, stats, "python scripts/corpora_report.py " + " ".join(argv or sys.argv[1:]),
-          ["conll", *CORPORA], ["fsemicrf", "semicrf", "crf", "ner"])
+    command = "python scripts/corpora_report.py " + " ".join(argv or sys.argv[1:])
+    write(runs, args.output, stats, command, ALL_CORPORA, list(PIPELINES))
 
 
 if __name__ == "__main__":

@@ -93,7 +93,8 @@ def main() -> None:
     def use(predict: Callable) -> Callable[[], None]:
         return lambda: setattr(head_model.HeadShim, "predict", predict)
 
-    rows = head_times(args, {"no_grad": use(no_grad_predict), "inference_mode": use(INFERENCE_MODE)})
+    rows = head_times(args, {"no_grad": use(no_grad_predict),
+                             "inference_mode": use(INFERENCE_MODE)})
     head_model.HeadShim.predict = INFERENCE_MODE
     write(args, rows)
 

@@ -276,8 +276,8 @@ class SpanTerms(NamedTuple):
 
     ``ends``: ``[B, L + K, H]``, zero-padded, the term of each span's last token (read
     through its windows), or None; ``starts``: ``[B, L, H]``, the term of each span's first
-    token, added (``endpoints``) or subtracted (sums), or None; ``peak``: the tokens max-pooled over each
-    span, ``[B, L, H]`` with its zero-padded copy, or None; ``bias``: ``[K, H]`` or, with the
+    token, added (``endpoints``) or subtracted (sums), or None; ``peak``: the tokens
+    max-pooled over each span, ``[B, L, H]`` with its zero-padded copy, or None; ``bias``: ``[K, H]`` or, with the
     document term, ``[B, 1, K, H]``.
     """
 
