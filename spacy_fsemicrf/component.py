@@ -30,6 +30,7 @@ from thinc.api import Config, Model, Optimizer, set_dropout_rate
 
 from . import architectures  # noqa: F401  (registers the architectures)
 from .architectures import ModelInput, model_is_initialized, model_nbest, model_torch_head
+from .augment import AUGMENTED
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
 from .doc_constraints import check_constraints, constraints_of_docs
 from .scorer import ner_score
@@ -339,8 +340,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         n_ents = n_wide = widest = 0
         seen = set()  # the texts of the gold entities
         for eg in get_examples():
+            made_up = eg.reference.user_data.get(AUGMENTED, False)  # names an augmenter made
             for ent in eg.reference.ents:
-                seen.add(ent.text)
+                if not made_up:
+                    seen.add(ent.text)
                 found.add(ent.label_)
                 n_ents += 1
                 if len(ent) > self.max_width:

@@ -1,0 +1,101 @@
+"""Entity token replacement: a training-data augmenter for spaCy corpora.
+
+Each token inside a gold entity is replaced, with probability ``level``, by a token drawn from
+the entities of the same label seen so far in the training stream (label-wise token
+replacement, Dai and Adel, 2020, restricted to entity tokens). The entities keep their label
+and token positions, so the model sees names it has not seen, in the contexts where names of
+that label occur. Use it in a config:
+
+    [corpora.train.augmenter]
+    @augmenters = "spacy-fsemicrf.entity_token_replacement.v1"
+    level = 0.3
+
+An augmented example's reference doc carries ``user_data[AUGMENTED] = True``, so that the
+component does not count its made-up names among the entities seen in training.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+from spacy.language import Language
+from spacy.tokens import Doc
+from spacy.training import Example
+from spacy.util import registry
+
+AUGMENTED = "spacy_fsemicrf.augmented"
+
+
+@registry.augmenters("spacy-fsemicrf.entity_token_replacement.v1")
+def create_entity_token_replacement(
+    level: float = 0.3, pool_size: int = 5000
+) -> Callable[[Language, Example], Iterator[Example]]:
+    """An augmenter that replaces each entity token with probability ``level`` by a token of
+    another entity of the same label, drawn from a pool of at most ``pool_size`` entity tokens
+    per label (filled from the examples as they stream by, reservoir-sampled)."""
+    if not 0.0 <= level <= 1.0:
+        raise ValueError(f"level must be between 0 and 1, got {level!r}")
+    if pool_size < 1:
+        raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
+    pools: Dict[str, List[str]] = {}
+    seen: Dict[str, int] = {}
+
+    def remember(label: str, text: str) -> None:
+        pool = pools.setdefault(label, [])
+        seen[label] = seen.get(label, 0) + 1
+        if len(pool) < pool_size:
+            pool.append(text)
+        else:  # reservoir sampling: every token seen so far is in the pool equally likely
+            at = random.randrange(seen[label])
+            if at < pool_size:
+                pool[at] = text
+
+    def augment(nlp: Language, example: Example) -> Iterator[Example]:
+        if not level:  # a no-op, down to the random numbers it draws
+            yield example
+            return
+        reference = example.reference
+        entity_tokens = [(token.i, ent.label_) for ent in reference.ents for token in ent
+                         if not token.is_space]
+        for i, label in entity_tokens:
+            remember(label, reference[i].text)
+        words = [token.text for token in reference]
+        changed = False
+        for i, label in entity_tokens:
+            if random.random() < level:
+                words[i] = random.choice(pools[label])
+                changed = changed or words[i] != reference[i].text
+        if not changed:
+            yield example
+            return
+        data = example.to_dict()
+        spaces = data["token_annotation"]["SPACY"]
+        data["token_annotation"]["ORTH"] = words
+        _move_char_offsets(data["doc_annotation"], reference, words, spaces)
+        text = "".join(w + (" " if space else "") for w, space in zip(words, spaces))
+        augmented = Example.from_dict(nlp.make_doc(text), data)
+        augmented.reference.user_data[AUGMENTED] = True
+        yield augmented
+
+    return augment
+
+
+def _move_char_offsets(
+    doc_annotation: Dict[str, Any], reference: Doc, words: List[str], spaces: List[bool]
+) -> None:
+    """Span groups and entity links are given by character offsets, which the new token texts
+    shift: map each to the same tokens of the new text."""
+    starts, ends = {}, {}
+    offset = 0
+    for token, word, space in zip(reference, words, spaces):
+        starts[token.idx] = offset
+        ends[token.idx + len(token)] = offset + len(word)
+        offset += len(word) + int(space)
+
+    def moved(start: int, end: int) -> Tuple[int, int]:
+        return starts[start], ends[end]
+
+    for key, spans in doc_annotation.get("spans", {}).items():
+        doc_annotation["spans"][key] = [(*moved(s, e), *rest) for s, e, *rest in spans]
+    links = doc_annotation.get("links", {})
+    doc_annotation["links"] = {moved(*span): kb for span, kb in links.items()}

@@ -1,0 +1,125 @@
+"""The entity token replacement augmenter: what it replaces, what it keeps, and that the
+component does not count its made-up names as seen in training."""
+import random
+
+import pytest
+import spacy
+from spacy.tokens import DocBin
+from spacy.training import Corpus, Example
+
+from spacy_fsemicrf.augment import AUGMENTED, create_entity_token_replacement
+from spacy_fsemicrf.calibration import entity_key
+
+TEXTS = [
+    ("John Smith met Mary Jones in Paris .", [(0, 10, "PER"), (15, 25, "PER"), (29, 34, "LOC")]),
+    ("Anna Karenina lives in New York City now", [(0, 13, "PER"), (23, 36, "LOC")]),
+    ("Nothing to see here", []),
+]
+
+
+def examples(nlp, spans=None):
+    out = []
+    for text, ents in TEXTS:
+        data = {"entities": ents}
+        if spans and text == TEXTS[0][0]:
+            data["spans"] = spans
+        out.append(Example.from_dict(nlp.make_doc(text), data))
+    return out
+
+
+def entity_tokens(example):
+    return {t.i: ent.label_ for ent in example.reference.ents for t in ent}
+
+
+def test_level_one_replaces_entity_tokens_with_tokens_of_the_same_label():
+    nlp = spacy.blank("en")
+    augment = create_entity_token_replacement(level=1.0)
+    random.seed(3)
+    pool = {"PER": set(), "LOC": set()}
+    n_changed = 0
+    for _ in range(3):
+        for eg in examples(nlp):
+            for t in eg.reference.ents:
+                pool[t.label_].update(tok.text for tok in t)
+            (out,) = list(augment(nlp, eg))
+            before, after = eg.reference, out.reference
+            assert len(after) == len(before)
+            assert [(e.start, e.end, e.label_) for e in after.ents] == \
+                [(e.start, e.end, e.label_) for e in before.ents]
+            inside = entity_tokens(eg)
+            for i, token in enumerate(after):
+                if i in inside:
+                    assert token.text in pool[inside[i]]
+                    n_changed += token.text != before[i].text
+                else:
+                    assert token.text == before[i].text
+                assert token.whitespace_ == before[i].whitespace_
+            assert out.predicted.text == after.text
+            if out is not eg:
+                assert after.user_data[AUGMENTED] is True
+    assert n_changed > 5
+
+
+def test_level_zero_is_a_no_op_that_draws_no_random_numbers():
+    nlp = spacy.blank("en")
+    augment = create_entity_token_replacement(level=0.0, pool_size=1)
+    random.seed(0)
+    state = random.getstate()
+    for eg in examples(nlp) * 3:
+        (out,) = list(augment(nlp, eg))
+        assert out is eg
+    assert random.getstate() == state
+
+
+def test_span_groups_keep_their_tokens():
+    nlp = spacy.blank("en")
+    spans = {"sc": [(15, 25, "PER"), (29, 36, "X")]}  # "Mary Jones", "Paris ."
+    augment = create_entity_token_replacement(level=1.0)
+    random.seed(1)
+    for eg in examples(nlp, spans)[1:]:  # fill the pool with other names first
+        list(augment(nlp, eg))
+    eg = examples(nlp, spans)[0]
+    (out,) = list(augment(nlp, eg))
+    assert out is not eg
+    group = out.reference.spans["sc"]
+    assert [(s.start, s.end, s.label_) for s in group] == [(3, 5, "PER"), (6, 8, "X")]
+    assert group[1][-1].text == "."
+
+
+def test_the_component_does_not_count_made_up_names_as_seen():
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner")
+    augment = create_entity_token_replacement(level=1.0)
+    random.seed(2)
+    train = [out for _ in range(2) for eg in examples(nlp) for out in augment(nlp, eg)]
+    assert any(eg.reference.user_data.get(AUGMENTED) for eg in train)
+    nlp.initialize(lambda: train)
+    real = {ent.text for eg in train if not eg.reference.user_data.get(AUGMENTED)
+            for ent in eg.reference.ents}
+    made_up = {ent.text for eg in train if eg.reference.user_data.get(AUGMENTED)
+               for ent in eg.reference.ents} - real
+    assert made_up
+    seen = set(ner.seen_entities.tolist())
+    assert {entity_key(t) for t in real} <= seen
+    assert not {entity_key(t) for t in made_up} & seen
+    assert set(ner.labels) == {"LOC", "PER"}
+
+
+def test_it_runs_from_a_config_through_spacys_corpus(tmp_path):
+    nlp = spacy.blank("en")
+    db = DocBin(docs=[eg.reference for eg in examples(nlp)])
+    db.to_disk(tmp_path / "train.spacy")
+    make = spacy.registry.augmenters.get("spacy-fsemicrf.entity_token_replacement.v1")
+    corpus = Corpus(tmp_path / "train.spacy", augmenter=make(level=1.0))
+    random.seed(0)
+    out = [list(corpus(nlp)) for _ in range(3)][-1]
+    assert len(out) == len(TEXTS)
+    assert any(eg.reference.user_data.get(AUGMENTED) for eg in out)
+    assert [[(e.start, e.end, e.label_) for e in eg.reference.ents] for eg in out] == \
+        [[(e.start, e.end, e.label_) for e in eg.reference.ents] for eg in examples(nlp)]
+
+
+@pytest.mark.parametrize("kwargs", [{"level": -0.1}, {"level": 1.5}, {"pool_size": 0}])
+def test_bad_settings_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        create_entity_token_replacement(**kwargs)
