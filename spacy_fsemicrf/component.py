@@ -76,7 +76,7 @@ _MODEL_CONFIGS = {
 @architectures = "spacy-fsemicrf.FilteredSemiCRF.v1"
 transitions = false
 null_weight = 0.75
-boundary_smoothing = 0.2
+boundary_smoothing = 0.0
 null_tokens = false
 train_margin = 0.0
 mean_field = 0
@@ -106,9 +106,10 @@ DEFAULT_MODELS: Dict[str, Config] = {
 }
 """The default model block of each head, by architecture name."""
 DEFAULT_MODEL = DEFAULT_MODELS["FilteredSemiCRF"]
-DEFAULT_FILTER_MARGIN = 0.25
-"""The filtered head's ``filter_margin`` when the config leaves it ``null``: a slightly softer
-filter than the paper's 0, chosen on the mean dev F1 over three corpora (docs/results.md)."""
+DEFAULT_FILTER_MARGIN = 0.0
+"""The filtered head's ``filter_margin`` when the config leaves it ``null``: the paper's filter,
+chosen with ``boundary_smoothing = 0`` on the mean dev F1 over three corpora
+(docs/results.md, "Boundary smoothing on three corpora")."""
 
 
 @Language.factory(

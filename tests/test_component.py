@@ -279,7 +279,7 @@ def test_filter_margin_from_the_config_and_at_run_time(trained_nlp, tmp_path):
 def test_filter_margin_errors():
     nlp = spacy.blank("en")
     ner = nlp.add_pipe("fsemicrf_ner")
-    assert ner.filter_margin == DEFAULT_FILTER_MARGIN > 0  # null in the config: the head's default
+    assert ner.filter_margin == DEFAULT_FILTER_MARGIN == 0.0  # null in the config: the default
     for bad in (float("nan"), float("inf"), "0.5", True):
         with pytest.raises(ValueError, match="finite number"):
             ner.filter_margin = bad
