@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
-from paired_settings import mean_se
+from paired_settings import mean_se, pooled
 
 METRICS = ("f", "p", "r")
 
@@ -45,10 +45,7 @@ def compare(results: Dict[str, Dict[str, Any]], group: str, baseline: str) -> Di
                          for s in seeds]
                 row[f"{split}_{m}"] = mean_se(diffs)
         corpora[corpus] = row
-    means = [row["dev_f"]["mean"] for row in corpora.values()]
-    ses = [row["dev_f"]["se"] or 0.0 for row in corpora.values()]
-    d = sum(means) / len(means)
-    se = sum(s * s for s in ses) ** 0.5 / len(ses)
+    d, se = pooled([row["dev_f"] for row in corpora.values()])
     return {"group": group, "baseline": baseline, "D": d, "se_D": se, "corpora": corpora}
 
 
@@ -60,7 +57,7 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|"]
 
     def cell(x):
-        return f"{x['mean']:+.2f}" + (f" ({x['se']:.2f})" if x["se"] is not None else "")
+        return f"{x['mean']:+.2f} ({x['se']:.2f})"
 
     for row in rows:
         name = f"{row['group']} - {row['baseline']}"

@@ -20,7 +20,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 
 def by_seed(results: Dict[str, Any], group: str) -> Dict[str, Dict[str, Any]]:
@@ -36,6 +36,13 @@ def by_seed(results: Dict[str, Any], group: str) -> Dict[str, Dict[str, Any]]:
 def mean_se(values: List[float]) -> Dict[str, float]:
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"mean": statistics.fmean(values), "se": sd / math.sqrt(len(values)), "n": len(values)}
+
+
+def pooled(dev_cells: List[Dict[str, float]]) -> Tuple[float, float]:
+    """``(D, se(D))`` over corpora from each corpus's paired dev F1 ``mean_se`` cell: the mean of
+    the means, and sqrt(sum of squared standard errors) / number of corpora."""
+    d = statistics.fmean(c["mean"] for c in dev_cells)
+    return d, math.sqrt(sum(c["se"] ** 2 for c in dev_cells)) / len(dev_cells)
 
 
 def compare(scores: Dict[str, str], baseline: str, base_margin: float, candidate: str,
@@ -58,9 +65,7 @@ def compare(scores: Dict[str, str], baseline: str, base_margin: float, candidate
                                     - base[s][str(float(base_margin))][split][metric]) for s in seeds]
                     cell[f"{split}_{metric}"] = {**mean_se(diffs), "diffs": diffs}
             per_corpus[corpus] = cell
-        dev = [c["dev_f"] for c in per_corpus.values()]
-        D = statistics.fmean(c["mean"] for c in dev)
-        se = math.sqrt(sum(c["se"] ** 2 for c in dev)) / len(dev)
+        D, se = pooled([c["dev_f"] for c in per_corpus.values()])
         test = statistics.fmean(c["test_f"]["mean"] for c in per_corpus.values())
         rows.append({"margin": m, "corpora": per_corpus, "D": D, "se_D": se, "test_mean": test})
     return {"baseline": baseline, "baseline_margin": base_margin, "candidate": candidate,
