@@ -11,8 +11,8 @@ thread per run (scripts/train.py), scores model-best on dev and test with ``spac
 writes OUTPUT.{json,md,png} (scripts/corpora_report.py). With ``--gpu-id`` the runs train on
 that GPU (scoring stays on the CPU); with ``--time-limit`` a run still training after that many
 seconds is stopped and scored at its model-best, its record saying at which step it stopped.
-A run whose run.json exists is not run again, and a trained run without scores is only
-evaluated, so an interrupted benchmark resumes.
+A run whose run.json exists is not run again, and a finished training without scores is only
+evaluated (an interrupted one is trained again), so an interrupted benchmark resumes.
 Non-English corpora override ``[nlp] lang`` (and Chinese its character tokenizer); the product
 configs are used as they are otherwise. `ner` is the project's baseline with parameter averaging.
 """
@@ -121,12 +121,13 @@ def record(run: Run) -> Dict[str, Any]:
 
 
 def execute(run: Run) -> Dict[str, Any]:
-    """Train (unless model-best exists) and score one run; returns its record."""
+    """Train (unless a finished training left train_summary.json) and score one run; returns
+    its record. A training cut off before its end has a model-best but no summary: trained again."""
     done = run.out / "run.json"
     if done.exists():
         return json.loads(done.read_text())
     run.out.mkdir(parents=True, exist_ok=True)
-    if not (run.out / "model-best").exists():
+    if not (run.out / "train_summary.json").exists():
         train(run)
     for split in ("dev", "test"):
         subprocess.run(run.evaluate_command(split), check=True, env=thread_env(),

@@ -270,3 +270,15 @@ def test_dev_recall_by_step_is_the_mean_over_the_seeds_that_reached_the_step(tmp
     assert corpora_report.recall_by_step(runs, "a", "fsemicrf") == {0: 1.0, 500: 45.0, 1000: 70.0}
     md = corpora_report.markdown(corpora_report.build(runs), {}, "test")
     assert "| corpus | pipeline | 500 | 1000 |" in md and "| a | `fsemicrf` | 45.00 | 70.00 |" in md
+
+
+def test_interrupted_training_is_trained_again(tmp_path, monkeypatch):
+    # Killed mid-training: an early model-best exists, the final train_summary.json does not.
+    run = _run(tmp_path)
+    (run.out / "model-best").mkdir(parents=True)
+    trained = []
+    monkeypatch.setattr(corpora, "train", lambda r: trained.append(r.name))
+    monkeypatch.setattr(subprocess, "run", _no_subprocess)
+    with pytest.raises(AssertionError, match="no process"):
+        corpora.execute(run)
+    assert trained == [run.name]
