@@ -14,19 +14,21 @@ ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = ROOT / "research" / "results" / "sweeps"
 OUTPUT = ROOT / "benchmarks" / "results" / "conll_runs.json"
 
-RUN_FILES = ["boundary_smoothing_word_pool.json", "boundary_smoothing_word_pool_seeds67.json",
+RUN_FILES = ["conll_defaults.json", "boundary_smoothing_word_pool.json", "boundary_smoothing_word_pool_seeds67.json",
              "baselines_word_pool.json", "baselines_word_pool_seeds67.json",
              "same_machine_word_pool.json", "one_machine_table_word_pool.json", "trf_heads.json"]
 
 # (encoder, pipeline, sweep group, how the group was trained)
 GROUPS = [
-    ("CNN", "fsemicrf", "fsemicrf-bs0.2-s22", "configs/fsemicrf_cnn.cfg"),
+    ("CNN", "fsemicrf", "fsemicrf-default", "configs/fsemicrf_cnn.cfg"),
+    ("CNN", "fsemicrf-bs0.2", "fsemicrf-bs0.2-s22",
+     "configs/fsemicrf_cnn.cfg with boundary_smoothing = 0.2 (the former default)"),
     ("CNN", "semicrf", "semicrf-wordpool", "configs/semicrf_cnn.cfg"),
     ("CNN", "crf", "crf-wordpool", "configs/crf_cnn.cfg"),
     ("CNN", "ner", "ner-avg-4k-s18", "configs/baselines/ner_cnn.cfg, use_averages = true"),
     ("CNN", "spancat", "spancat-avg-4k-s18", "configs/baselines/spancat_cnn.cfg, use_averages = true"),
     ("MiniLM", "fsemicrf", "fsemicrf-trf",
-     "configs/fsemicrf_trf.cfg without boundary_smoothing, 500 steps"),
+     "configs/fsemicrf_trf.cfg, 500 steps"),
     ("MiniLM", "semicrf", "semicrf-trf", "configs/semicrf_trf.cfg, 500 steps"),
     ("MiniLM", "crf", "crf-trf", "configs/crf_trf.cfg, 500 steps"),
     ("MiniLM", "ner", "ner-trf", "configs/baselines/ner_trf.cfg, 500 steps"),
