@@ -218,9 +218,9 @@ def secs(x):
 def write_markdown(res, path: Path):
     m = res["machine"]
     lines = [
-        "# CoNLL-2003 English test set",
+        "# Accuracy and speed side by side",
         "",
-        f"Test corpus: `{res['test']['path']}`: {res['test']['docs']} docs (10 sentences each), "
+        f"Test corpus: `{res['test']['path']}`: {res['test']['docs']} docs, "
         f"{res['test']['words']} words, {res['test']['entities']} entities; input: "
         f"{res['test']['input']}.",
         f"Machine: {m.get('cpu', '?')}, {m['threads']} thread(s)"
