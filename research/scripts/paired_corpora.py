@@ -20,21 +20,15 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
-from paired_settings import mean_se, pooled
+from paired_settings import by_seed, mean_se, pooled
 
 METRICS = ("f", "p", "r")
-
-
-def seeds_of(runs: Dict[str, Any], group: str) -> Dict[str, Dict[str, Any]]:
-    return {name.partition("@")[2]: run for name, run in runs.items()
-            if name.partition("@")[0] == group}
 
 
 def compare(results: Dict[str, Dict[str, Any]], group: str, baseline: str) -> Dict[str, Any]:
     corpora = {}
     for corpus, data in results.items():
-        runs = {run["name"]: run for run in data["runs"]}
-        cand, base = seeds_of(runs, group), seeds_of(runs, baseline)
+        cand, base = by_seed(data, group, None), by_seed(data, baseline, None)
         seeds = sorted(set(cand) & set(base))
         if not seeds:
             raise ValueError(f"{corpus}: no seed that both {group} and {baseline} ran")

@@ -20,16 +20,19 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 
-def by_seed(results: Dict[str, Any], group: str) -> Dict[str, Dict[str, Any]]:
-    """The runs of ``group`` by seed, from a decode_settings.py results file."""
+def by_seed(results: Dict[str, Any], group: str, field: Optional[str] = "scores"
+            ) -> Dict[str, Dict[str, Any]]:
+    """The runs of ``group`` (named ``GROUP@seedN``) by seed, from a results file with a
+    ``runs`` list: each run's ``field`` (a decode_settings.py run's ``scores``), or the whole
+    run with ``field=None`` (a sweep.py run)."""
     out = {}
     for run in results["runs"]:
         name, _, seed = run["name"].partition("@")
         if name == group:
-            out[seed] = run["scores"]
+            out[seed] = run if field is None else run[field]
     return out
 
 
