@@ -1,4 +1,4 @@
-"""How many nodes does the filtered graph keep? (the paper's Figure 1 on CoNLL-2003 test)
+"""How many nodes does the filtered graph keep? (the paper's Figure 1; CoNLL-2003 test by default)
 
 For every test document, run the trained fsemicrf pipeline and record the number of nodes of the
 inference graph (spans whose local label is not null, `FilteredSemiCRFHead.count_nodes`) next to
@@ -102,7 +102,7 @@ def main(argv=None) -> None:
     tot_tok = sum(r["L"] for r in rows)
     ratios = [r["kept_nodes"] / r["candidates"] for r in rows if r["candidates"]]
     summary = {
-        "model": str(args.model), "component": name, "max_width_K": K, "classes_C": C,
+        "model": str(args.model), "test": str(args.test), "component": name, "max_width_K": K, "classes_C": C,
         "filter_margin": nlp.get_pipe(name).filter_margin,
         "docs": len(rows), "tokens": tot_tok,
         "kept_nodes_total": tot_nodes, "candidates_total": tot_cand,
@@ -120,10 +120,10 @@ def main(argv=None) -> None:
     Path(f"{stem}.json").write_text(json.dumps({"summary": summary, "docs": rows}, indent=1) + "\n")
     s = summary
     md = [
-        "# Kept filtered nodes vs candidate spans (CoNLL-2003 test)",
+        "# Kept filtered nodes vs candidate spans",
         "",
         f"Pipeline `{s['model']}` (component `{s['component']}`), K = {K}, C = {C} classes; "
-        f"{s['docs']} docs, {s['tokens']} tokens"
+        f"test corpus `{s['test']}`: {s['docs']} docs, {s['tokens']} tokens"
         + (f", filter margin {s['filter_margin']:g}." if s["filter_margin"] else "."),
         "",
         "| quantity | total | per token |",

@@ -34,6 +34,9 @@ def test_kept_nodes_count_the_graph_of_each_document(tmp_path, word_pool):
     res = json.loads((tmp_path / "kept_nodes.json").read_text())
     rows = res["docs"]
     assert len(rows) == len(make_examples(nlp)) and res["summary"]["docs"] == len(rows)
+    # the report names the corpus it counted, whichever it is
+    assert res["summary"]["test"] == str(corpus)
+    assert f"test corpus `{corpus}`" in (tmp_path / "kept_nodes.md").read_text()
 
     loaded = spacy.load(model)
     _, head = kept_nodes.find_head(loaded)
