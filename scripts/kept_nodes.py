@@ -102,7 +102,8 @@ def main(argv=None) -> None:
     tot_tok = sum(r["L"] for r in rows)
     ratios = [r["kept_nodes"] / r["candidates"] for r in rows if r["candidates"]]
     summary = {
-        "model": str(args.model), "test": str(args.test), "component": name, "max_width_K": K, "classes_C": C,
+        "model": str(args.model), "test": str(args.test), "component": name,
+        "max_width_K": K, "classes_C": C,
         "filter_margin": nlp.get_pipe(name).filter_margin,
         "docs": len(rows), "tokens": tot_tok,
         "kept_nodes_total": tot_nodes, "candidates_total": tot_cand,
