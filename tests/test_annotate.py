@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy
@@ -210,13 +211,25 @@ def test_annotate_leaves_this_process_environment_as_it_was(model_dir, tmp_path,
     # Dask's nannies write their workers' variables (OMP_NUM_THREADS=1, ...) into the
     # environment of the process that starts them; every process started later inherited them.
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    # absent before, whichever test made a cluster first (Dask sets them for the workers)
+    for key in ("MALLOC_TRIM_THRESHOLD_", "PYTHONHASHSEED", "__DASK_PARENT_PID"):
+        monkeypatch.delenv(key, raising=False)
     corpus = tmp_path / "in.jsonl"
     corpus.write_text('{"text": "John Smith works for Google in Paris ."}\n', encoding="utf8")
     before = dict(os.environ)
     summary = annotate(str(model_dir), corpus, tmp_path / "out", workers=1, progress=False)
     assert summary.docs == 1
     assert dict(os.environ) == before
+
+
+def test_a_second_local_cluster_does_not_compete_for_the_first_ones_port(client):
+    # `client` holds one LocalCluster; a second annotate job on the machine makes another
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second, cluster = connect(None, 1)
+        second.close()
+        cluster.close()
+    assert not [w for w in caught if "already in use" in str(w.message)]
 
 
 def test_a_missing_model_fails_before_any_output(corpus, tmp_path, capsys):

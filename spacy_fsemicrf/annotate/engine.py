@@ -30,7 +30,6 @@ from .shards import (entity_records, finished_shards, merge_entities, prepare_ou
                      remove_temporary, score_keys, write_shard)
 
 try:
-    import dask
     from distributed import Client, LocalCluster, as_completed
 except ImportError:  # pragma: no cover - the annotate extra is not installed
     Client = LocalCluster = as_completed = None
@@ -132,26 +131,28 @@ def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]
             raise AnnotateError(f"cannot reach the Dask scheduler at {scheduler}: {err}") from err
     n_workers = workers or os.cpu_count() or 1
     with nanny_environment_restored():  # for callers that keep the cluster (annotate wraps more)
+        # No dashboard; the scheduler's HTTP endpoints on a free port, not 8787, so that two
+        # annotate jobs on one machine do not fight over it (Dask warns when they do).
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None, silence_logs=logging.ERROR)
+                               dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+                               silence_logs=logging.ERROR)
     return Client(cluster), cluster
 
 
 @contextmanager
 def nanny_environment_restored() -> Iterator[None]:
-    """Undo, on leaving, what Dask's nannies write into this process's ``os.environ`` to pass
-    to the workers they start (``distributed.nanny.pre-spawn-environ``: OMP_NUM_THREADS=1,
-    MALLOC_TRIM_THRESHOLD_=65536, ...); left there, every process the caller starts later would
-    inherit them."""
-    keys = list(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {})
-    saved = {key: os.environ.get(key) for key in keys}
+    """Undo, on leaving, what Dask writes into this process's ``os.environ`` to pass to the
+    workers its nannies start (``distributed.nanny.pre-spawn-environ``: OMP_NUM_THREADS=1,
+    MALLOC_TRIM_THRESHOLD_=65536, ...; PYTHONHASHSEED; ``__DASK_PARENT_PID``); left there,
+    every process the caller starts later would inherit them."""
+    saved = dict(os.environ)
     try:
         yield
     finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
         for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
+            if os.environ.get(key) != value:
                 os.environ[key] = value
 
 
