@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = ROOT / "research" / "results" / "sweeps"
 OUTPUT = ROOT / "benchmarks" / "results" / "conll_runs.json"
 
-RUN_FILES = ["conll_defaults.json", "boundary_smoothing_word_pool.json", "boundary_smoothing_word_pool_seeds67.json",
+RUN_FILES = ["conll_defaults.json",
+             "boundary_smoothing_word_pool.json", "boundary_smoothing_word_pool_seeds67.json",
              "baselines_word_pool.json", "baselines_word_pool_seeds67.json",
              "same_machine_word_pool.json", "one_machine_table_word_pool.json", "trf_heads.json"]
 

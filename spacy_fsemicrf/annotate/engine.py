@@ -151,9 +151,7 @@ def nanny_environment_restored() -> Iterator[None]:
     finally:
         for key in set(os.environ) - set(saved):
             del os.environ[key]
-        for key, value in saved.items():
-            if os.environ.get(key) != value:
-                os.environ[key] = value
+        os.environ.update(saved)
 
 
 def annotate(
