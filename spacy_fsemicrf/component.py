@@ -579,8 +579,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """The ``k`` best segmentations of ``doc`` (a document the pipeline has run on, so
         that the tok2vec's vectors are there), best first: one span group each, named
         ``<spans_key>_nbest_<rank>`` (rank from 1), with the segmentation's probability in
-        ``attrs["probability"]``. The filtered head ranks the paths of the graph its
-        ``filter_margin`` keeps. Constraints do not apply."""
+        ``attrs["probability"]``. Fewer than ``k`` where the document has fewer: the filtered
+        head ranks the paths of the graph its ``filter_margin`` keeps, often a single one.
+        Constraints do not apply."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         listener = "listener" in self.model.get_ref("tok2vec").name

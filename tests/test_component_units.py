@@ -303,3 +303,41 @@ def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized
     assert str(err.value) == (
         "The saved 'fsemicrf_ner' model predicts 3 labels but its cfg lists 4 "
         "(['LOC', 'ORG', 'PER', 'ZZX']): the saved pipeline is inconsistent.")
+
+
+def test_training_dropout_reaches_the_component_own_tok2vec():
+    """``update(drop=...)`` sets the dropout of the thinc layers inside the component (here its
+    own CNN tok2vec; the head's PyTorch dropout is the architecture's ``dropout``): the same
+    step with dropout gives another loss, and without it the same loss twice."""
+    from spacy.util import fix_random_seed
+
+    def loss_of_one_step(drop):
+        fix_random_seed(0)
+        nlp, examples = _initialized()
+        fix_random_seed(1)
+        return nlp.get_pipe("fsemicrf_ner").update(examples, drop=drop)["fsemicrf_ner"]
+
+    assert loss_of_one_step(0.0) == loss_of_one_step(0.0)
+    assert loss_of_one_step(0.5) != loss_of_one_step(0.0)
+
+
+def test_nbest_with_a_shared_tok2vec_needs_a_document_the_pipeline_has_run_on():
+    """With a listener the tok2vec vectors come from the pipeline's tok2vec component, so a
+    document straight from the tokenizer is refused with how to call it; a document of the
+    pipeline, or one without tokens, is ranked. A component with its own tok2vec takes either."""
+    from pathlib import Path
+
+    config = spacy.util.load_config(
+        Path(__file__).parent.parent / "configs" / "fsemicrf_cnn.cfg", interpolate=True)
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    nlp.initialize(lambda: make_examples(nlp))
+    ner = nlp.get_pipe("fsemicrf_ner")
+    text = "John Smith works for Google in Paris ."
+    with pytest.raises(ValueError, match=re.escape(
+            "[fsemicrf_ner] nbest needs a document the pipeline has run on (its tok2vec vectors "
+            "come from the shared tok2vec component): nbest(nlp(text), k).")):
+        ner.nbest(nlp.make_doc(text), 2)
+    assert 1 <= len(ner.nbest(nlp(text), 2)) <= 2
+    assert [list(g) for g in ner.nbest(nlp.make_doc(""), 2)] in ([], [[]])
+    own, _ = _initialized()
+    assert 1 <= len(own.get_pipe("fsemicrf_ner").nbest(own.make_doc(text), 2)) <= 2
