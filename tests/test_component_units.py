@@ -2,6 +2,7 @@
 the loss of a batch, the prediction for documents without tokens."""
 import logging
 import re
+from pathlib import Path
 
 import numpy
 import pytest
@@ -305,7 +306,7 @@ def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized
         "(['LOC', 'ORG', 'PER', 'ZZX']): the saved pipeline is inconsistent.")
 
 
-def test_training_dropout_reaches_the_component_own_tok2vec():
+def test_training_dropout_reaches_the_tok2vec_inside_the_component():
     """``update(drop=...)`` sets the dropout of the thinc layers inside the component (here its
     own CNN tok2vec; the head's PyTorch dropout is the architecture's ``dropout``): the same
     step with dropout gives another loss, and without it the same loss twice."""
@@ -325,8 +326,6 @@ def test_nbest_with_a_shared_tok2vec_needs_a_document_the_pipeline_has_run_on():
     """With a listener the tok2vec vectors come from the pipeline's tok2vec component, so a
     document straight from the tokenizer is refused with how to call it; a document of the
     pipeline, or one without tokens, is ranked. A component with its own tok2vec takes either."""
-    from pathlib import Path
-
     config = spacy.util.load_config(
         Path(__file__).parent.parent / "configs" / "fsemicrf_cnn.cfg", interpolate=True)
     nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
