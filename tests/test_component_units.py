@@ -11,6 +11,9 @@ import srsly
 import torch
 from spacy.tokens import Doc
 from spacy.training import Example
+from thinc.api import Model
+
+from spacy_fsemicrf.architectures import model_torch_head
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
     from .conftest import make_examples, model_config
@@ -287,7 +290,8 @@ def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized
         "config does not match the saved one ('W'). Load the pipeline with the config it was "
         "trained with.")
     _, other = _component(tok2vec={**model_config()["tok2vec"], "width": 24})
-    with pytest.raises(ValueError, match=r"^Cannot load the 'fsemicrf_ner' component from bytes: ") as err:
+    bytes_error = r"^Cannot load the 'fsemicrf_ner' component from bytes: "
+    with pytest.raises(ValueError, match=bytes_error) as err:
         other.from_bytes(saved.to_bytes())
     assert f"({err.value.__cause__})" in str(err.value)  # what did not match
     path = tmp_path / "ner"
@@ -304,6 +308,49 @@ def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized
     assert str(err.value) == (
         "The saved 'fsemicrf_ner' model predicts 3 labels but its cfg lists 4 "
         "(['LOC', 'ORG', 'PER', 'ZZX']): the saved pipeline is inconsistent.")
+
+
+def test_loading_from_bytes_leaves_out_what_exclude_names(initialized):
+    """``from_bytes(exclude=...)`` passes ``exclude`` on: the saved vocab's strings are not
+    loaded when ``"vocab"`` is excluded, and are without it."""
+    nlp, _ = initialized
+    saved = nlp.get_pipe("fsemicrf_ner")
+    saved.vocab.strings.add("zz-only-in-the-saved-vocab")
+    data = saved.to_bytes()
+    _, excluded = _component(dropout=0.0)
+    excluded.from_bytes(data, exclude=["vocab"])
+    assert "zz-only-in-the-saved-vocab" not in excluded.vocab.strings
+    assert excluded.labels == saved.labels  # the rest was loaded
+    _, loaded = _component(dropout=0.0)
+    loaded.from_bytes(data)
+    assert "zz-only-in-the-saved-vocab" in loaded.vocab.strings
+
+
+@spacy.registry.architectures("test.Tok2VecOfUnknownWidth.v1")
+def _tok2vec_of_unknown_width(width: int):
+    """The small tok2vec inside a layer that declares no width, as a custom encoder whose
+    width shows only when it runs."""
+    inner = spacy.registry.resolve({"t": {**model_config()["tok2vec"], "width": width}})["t"]
+
+    def forward(model, docs, is_train):
+        return model.layers[0](docs, is_train)
+
+    def init(model, X=None, Y=None):
+        model.layers[0].initialize(X=X)
+
+    return Model("unknown_width", forward, init=init, layers=[inner])
+
+
+def test_initialize_measures_the_width_of_a_tok2vec_that_does_not_declare_it():
+    """A tok2vec without ``nO`` gets a head as wide as the vectors it gives on the
+    initialization examples (the head is built from them), and trains."""
+    tok2vec = {"@architectures": "test.Tok2VecOfUnknownWidth.v1", "width": 24}
+    nlp, ner = _component(dropout=0.0, tok2vec=tok2vec)
+    examples = make_examples(nlp)
+    nlp.initialize(lambda: examples)
+    assert not ner.model.get_ref("tok2vec").has_dim("nO")
+    assert model_torch_head(ner.model).word_pool.proj.in_features == 24
+    assert numpy.isfinite(ner.update(examples)["fsemicrf_ner"])
 
 
 def test_training_dropout_reaches_the_tok2vec_inside_the_component():
@@ -325,7 +372,8 @@ def test_training_dropout_reaches_the_tok2vec_inside_the_component():
 def test_nbest_with_a_shared_tok2vec_needs_a_document_the_pipeline_has_run_on():
     """With a listener the tok2vec vectors come from the pipeline's tok2vec component, so a
     document straight from the tokenizer is refused with how to call it; a document of the
-    pipeline, or one without tokens (its one empty segmentation), is ranked. A component with its own tok2vec takes either."""
+    pipeline, or one without tokens (its one empty segmentation), is ranked. A component with
+    its own tok2vec takes either."""
     config = spacy.util.load_config(
         Path(__file__).parent.parent / "configs" / "fsemicrf_cnn.cfg", interpolate=True)
     nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
