@@ -1,6 +1,6 @@
 """The multi-corpus benchmark: the three heads and averaged spaCy `ner` on several corpora.
 
-    python scripts/corpora.py --output benchmarks/results/corpora --seeds 4 --steps 2000 \
+    python scripts/corpora.py --output benchmarks/results/corpora --seeds 4 --steps 6000 \
         [--corpora conll,nemo,msra] [--pipelines fsemicrf,semicrf,crf,ner] [--workers 2] \
         [--gpu-id 0] [--time-limit SECONDS]
 
@@ -180,8 +180,8 @@ def main(argv=None) -> None:
     p.add_argument("--output", type=Path, default=Path("benchmarks/results/corpora"),
                    help="path stem of the .json/.md/.png results")
     p.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1")
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--eval-frequency", type=int, default=200)
+    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--eval-frequency", type=int, default=1000)
     p.add_argument("--corpora", type=csv_choice(ALL_CORPORA), default=ALL_CORPORA)
     p.add_argument("--pipelines", type=csv_choice(list(PIPELINES)), default=list(PIPELINES))
     p.add_argument("--workers", type=int, default=2, help="parallel runs, one thread each")

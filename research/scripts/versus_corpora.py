@@ -7,7 +7,8 @@
         --output research/results/sweeps/wide_margin_vs_semicrf
 
 For each corpus: the mean and standard error over seeds of (candidate at the filter margin minus
-the benchmark's ``--pipeline`` run of the same seed, ``benchmarks/results/corpora.json``) for
+the benchmark's ``--pipeline`` run of the same seed, ``--benchmark``, by default the
+1000-step report ``benchmarks/results/corpora_steps1000.json``) for
 dev and test F1, precision and recall. The benchmark's runs and the candidate's must have been
 trained on the same corpus files with the same budget. Writes OUTPUT.json and OUTPUT.md.
 """
@@ -47,8 +48,7 @@ def write_markdown(res: Dict[str, Any], path: Path) -> None:
 
     lines = [
         f"`{res['candidate']}` at margin {res['margin']} minus the corpora benchmark's "
-        f"`{res['pipeline']}` (`benchmarks/results/corpora.json`), same seed; points, mean (se) "
-        "over seeds.", "",
+        f"`{res['pipeline']}` (`{res['benchmark']}`), same seed; points, mean (se) over seeds.", "",
         "| corpus | seeds | dev F1 | dev R | dev P | test F1 | test R | test P |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -64,11 +64,13 @@ def main() -> None:
     p.add_argument("--candidate", required=True)
     p.add_argument("--margin", type=float, required=True)
     p.add_argument("--pipeline", default="semicrf")
-    p.add_argument("--benchmark", type=Path, default=Path("benchmarks/results/corpora.json"))
+    p.add_argument("--benchmark", type=Path,
+                   default=Path("benchmarks/results/corpora_steps1000.json"))
     p.add_argument("--output", type=Path, required=True)
     args = p.parse_args()
     scores = dict(item.split("=", 1) for item in args.scores)
     res = {"candidate": args.candidate, "margin": args.margin, "pipeline": args.pipeline,
+           "benchmark": str(args.benchmark),
            "corpora": compare(scores, args.candidate, args.margin, args.pipeline,
                               json.loads(args.benchmark.read_text()))}
     write_outputs(res, args.output, write_markdown)
