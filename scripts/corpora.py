@@ -1,12 +1,12 @@
 """The multi-corpus benchmark: the three heads and averaged spaCy `ner` on several corpora.
 
     python scripts/corpora.py --output benchmarks/results/corpora --seeds 4 --steps 6000 \
-        [--corpora conll,nemo,msra] [--pipelines fsemicrf,semicrf,crf,ner] [--workers 2] \
-        [--gpu-id 0] [--time-limit SECONDS]
+        --eval-frequency 1000 [--corpora conll,nemo,msra] [--pipelines fsemicrf,semicrf,crf,ner] \
+        [--workers 2] [--gpu-id 0] [--time-limit SECONDS]
 
 Prepares each corpus that corpus/<name>/ lacks (CoNLL-2003 with scripts/prepare_conll.py, the
 others with scripts/prepare_corpus.py), then trains every pipeline on every corpus with the same
-budget (``--steps``, the configs' batcher and evaluation frequency) for seeds 0..N-1, one CPU
+budget (``--steps`` and ``--eval-frequency``, the configs' batcher) for seeds 0..N-1, one CPU
 thread per run (scripts/train.py), scores model-best on dev and test with ``spacy evaluate`` and
 writes OUTPUT.{json,md,png} (scripts/corpora_report.py). With ``--gpu-id`` the runs train on
 that GPU (scoring stays on the CPU); with ``--time-limit`` a run still training after that many
