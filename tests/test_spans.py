@@ -230,3 +230,16 @@ def test_grid_chunks_cover_every_position_once_in_order(batch, length, max_width
         unit = max(per_chunk // length, 1) * length if length <= per_chunk else per_chunk
         assert all(2 * n >= unit for n in sizes)
         assert all(2 * n <= 3 * unit for n in sizes)
+
+
+@pytest.mark.parametrize("span_repr", SPAN_REPRS)
+def test_featurizer_gradient_matches_finite_differences(span_repr):
+    # the sum terms are built in place in one buffer: autograd must still see every term
+    torch.manual_seed(0)
+    feat = SpanFeaturizer(3, 2, 3, span_repr, doc_vector=True).double()
+    x = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    doc = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    # a fixed positive offset keeps every entry away from the ReLU's kink
+    with torch.no_grad():
+        feat.width_emb.add_(10.0)
+    assert torch.autograd.gradcheck(lambda x, doc: feat(x, doc), (x, doc))

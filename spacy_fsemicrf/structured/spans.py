@@ -167,15 +167,20 @@ def same_word_mean(x: torch.Tensor, words: torch.Tensor, lengths: torch.Tensor) 
         # mean is its token's vector, and the scatter below would compute 0 + x / 1 (an
         # add of 0.0 is kept, for the sign of a zero); no need for a dozen small ops
         return x + 0.0
-    token, group = token.to(x.device), group.to(x.device)
-    tokens = x.reshape(B * L, D).index_select(0, token)
+    group = group.to(x.device)
+    # without padding the tokens are the rows of x, in order: no gather, no scatter back
+    unpadded = token.numel() == B * L
+    flat = x.reshape(B * L, D)
+    tokens = flat if unpadded else flat.index_select(0, token.to(x.device))
     sums = tokens.new_zeros((counts.shape[0], D)).index_add_(0, group, tokens)
     means = sums / counts.to(x.device, x.dtype).unsqueeze(-1)
     # index_select, not advanced indexing (means[group]): the gradient of the latter is an
     # index_put_ with accumulation, which on CPU with several threads adds with parallel
     # atomics in no fixed order, so the same seed would not train the same model twice;
     # index_select's gradient is a serial index_add_
-    out = x.new_zeros((B * L, D)).index_copy(0, token, means.index_select(0, group))
+    out = means.index_select(0, group)
+    if not unpadded:
+        out = x.new_zeros((B * L, D)).index_copy(0, token.to(x.device), out)
     return out.view(B, L, D)
 
 
@@ -220,6 +225,47 @@ def _windows(padded: torch.Tensor, max_width: int, docs: slice, positions: slice
     """The windows of :func:`window_view` of the documents ``docs`` starting at ``positions``,
     read from the zero-padded ``[B, L + K, D]`` input (a view)."""
     return padded[docs].unfold(1, max_width, 1)[:, positions].transpose(-1, -2)
+
+
+def _prefix_terms(
+    cumsum: torch.Tensor,
+    start: Optional[torch.Tensor],
+    end: Optional[torch.Tensor],
+    before: Optional[torch.Tensor],
+    after: Optional[torch.Tensor],
+    max_width: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(ends [B, L + K, H], starts [B, L, H])`` of the sum featurizers, from the running sum
+    ``cumsum[t] = proj[0] + ... + proj[t]``: span ``i .. j`` is ``ends[j] - starts[i]``, with
+
+    ``ends[j] = cumsum[j] + end[j] + after[j + 1]`` (zero for ``j >= L``, the window padding),
+    ``starts[i] = cumsum[i - 1] - (start[i] + before[i - 1])`` (terms past the edges are 0).
+
+    Each term is added in place into one buffer: the shifted neighbour terms, the prefix sums
+    and the window padding need no zero-padded copies, which were about half of the passes
+    over these ``[B, L, H]`` tensors (same values, up to the sign of a zero)."""
+    B, L, H = cumsum.shape
+    padded = cumsum.new_empty((B, L + max_width, H))
+    padded[:, L:].zero_()
+    ends = padded[:, :L]
+    if end is None:
+        ends.copy_(cumsum)
+    else:
+        ends.copy_(end)
+        if after is not None:
+            ends[:, :-1].add_(after[:, 1:])
+        ends += cumsum
+    if start is None:
+        starts = cumsum.new_empty((B, L, H))
+        starts[:, :1].zero_()
+        starts[:, 1:].copy_(cumsum[:, :-1])
+    else:
+        # -(start + before) = -start - before exactly (rounding is symmetric in the sign)
+        starts = torch.neg(start)
+        if before is not None:
+            starts[:, 1:].sub_(before[:, :-1])
+        starts[:, 1:].add_(cumsum[:, :-1])
+    return padded, starts
 
 
 def window_max(x: torch.Tensor, max_width: int) -> torch.Tensor:
@@ -374,22 +420,19 @@ class SpanFeaturizer(nn.Module):
                 proj, peak = proj.split([proj.shape[-1] - hidden_width, hidden_width], dim=-1)
             if self.span_repr.startswith("sum_endpoints"):
                 start, end, proj = proj.chunk(3, dim=-1)
+            before = after = None
             if self.reach:  # before[i] = U_b h_{i-1}, after[j] = U_a h_{j+1}, zero off the edges
                 before, after = self.neighbor_proj(x).chunk(2, dim=-1)
-                start = start + torch.nn.functional.pad(before, (0, 0, 1, 0))[:, :L]
-                end = end + torch.nn.functional.pad(after, (0, 0, 0, 1))[:, 1:]
-            # prefix[t] = sum of proj[:t]; span i..i+w sums to prefix[i+w+1] - prefix[i]
-            prefix = torch.nn.functional.pad(proj.cumsum(1), (0, 0, 1, 0))
-            ends, starts = prefix[:, 1:], prefix[:, :L]
-            if start is not None:  # the boundary terms fold into the two per-token terms
-                ends, starts = ends + end, starts - start
+            ends, starts = _prefix_terms(proj.cumsum(1), start, end, before, after, K)
         else:
             peak = proj
         bias = self.width_emb  # [K, H], or [B, 1, K, H] with the document term
         if self.doc_proj is not None:
             bias = bias + self.doc_proj(doc)[:, None, None, :]
+        if self.span_repr == "endpoints":
+            ends = _pad_windows(ends, K)
         return SpanTerms(
-            None if ends is None else _pad_windows(ends, K), starts,
+            ends, starts,
             None if peak is None else (peak, _pad_windows(peak, K)), bias,
         )
 
