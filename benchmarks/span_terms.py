@@ -68,8 +68,8 @@ def main() -> None:
             if any(not torch.equal(outputs[0], out) for out in outputs[1:]):
                 raise SystemExit(f"the versions differ at batch {batch}, length {length}")
             rounds = max(20, min(2000, args.tokens // (batch * length)))
-            med = interleaved({name: (lambda f=feat: f.terms(x, doc)) for name, feat in feats.items()},
-                              rounds)
+            calls = {name: (lambda f=feat: f.terms(x, doc)) for name, feat in feats.items()}
+            med = interleaved(calls, rounds)
             cells = [f"{med[name]:.1f}" for name in feats]
             if args.reference:
                 cells.append(f"{med['package'] / med['reference']:.2f}")

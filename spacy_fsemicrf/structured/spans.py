@@ -409,7 +409,7 @@ class SpanFeaturizer(nn.Module):
         if (doc is None) != (self.doc_proj is None):
             raise ValueError("doc must be given exactly when the featurizer has doc_vector")
         proj = self.token_proj(x)
-        K, L = self.max_width, x.shape[1]
+        K = self.max_width
         ends = starts = peak = None
         if self.span_repr == "endpoints":
             starts, ends = proj.chunk(2, dim=-1)
@@ -421,7 +421,7 @@ class SpanFeaturizer(nn.Module):
             if self.span_repr.startswith("sum_endpoints"):
                 start, end, proj = proj.chunk(3, dim=-1)
             before = after = None
-            if self.reach:  # before[i] = U_b h_{i-1}, after[j] = U_a h_{j+1}, zero off the edges
+            if self.reach:  # U_b h_t and U_a h_t: span i..j reads them at i - 1 and j + 1
                 before, after = self.neighbor_proj(x).chunk(2, dim=-1)
             ends, starts = _prefix_terms(proj.cumsum(1), start, end, before, after, K)
         else:
