@@ -170,8 +170,10 @@ def same_word_mean(x: torch.Tensor, words: torch.Tensor, lengths: torch.Tensor) 
     group = group.to(x.device)
     # without padding the tokens are the rows of x, in order: no gather, no scatter back
     unpadded = token.numel() == B * L
+    if not unpadded:
+        token = token.to(x.device)
     flat = x.reshape(B * L, D)
-    tokens = flat if unpadded else flat.index_select(0, token.to(x.device))
+    tokens = flat if unpadded else flat.index_select(0, token)
     sums = tokens.new_zeros((counts.shape[0], D)).index_add_(0, group, tokens)
     means = sums / counts.to(x.device, x.dtype).unsqueeze(-1)
     # index_select, not advanced indexing (means[group]): the gradient of the latter is an
@@ -180,7 +182,7 @@ def same_word_mean(x: torch.Tensor, words: torch.Tensor, lengths: torch.Tensor) 
     # index_select's gradient is a serial index_add_
     out = means.index_select(0, group)
     if not unpadded:
-        out = x.new_zeros((B * L, D)).index_copy(0, token.to(x.device), out)
+        out = x.new_zeros((B * L, D)).index_copy(0, token, out)
     return out.view(B, L, D)
 
 
