@@ -37,7 +37,7 @@ import numpy
 import spacy
 from spacy.language import Language
 from spacy.strings import hash_string
-from spacy.tokens import Doc, DocBin
+from spacy.tokens import Doc, DocBin, Span
 from spacy.util import minibatch, registry
 
 
@@ -228,8 +228,9 @@ def entity_key(text: str) -> int:
 def seen_flags(docs: List[Doc], rows: numpy.ndarray, seen_keys: numpy.ndarray) -> numpy.ndarray:
     """For each entity row ``(doc, start, end inclusive, label)`` of ``docs``: whether its text
     is one of ``seen_keys`` (sorted :func:`entity_key` hashes)."""
+    # Span(...) rather than doc[start:end]: no slice normalisation, about half the cost
     keys = numpy.fromiter(
-        (entity_key(docs[i][start:end + 1].text) for i, start, end, _ in rows.tolist()),
+        (entity_key(Span(docs[i], start, end + 1).text) for i, start, end, _ in rows.tolist()),
         dtype="uint64", count=len(rows),
     )
     if not seen_keys.size:

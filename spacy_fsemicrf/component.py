@@ -550,25 +550,24 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             keep = scores >= self._threshold
             entities, scores = entities[keep], scores[keep]
         labels = [self.vocab.strings.add(label) for label in self.labels]
+        key = self.spans_key
         reports = prediction.reports or [None] * len(docs)
-        bounds = _doc_bounds(entities, len(docs))
-        for i, doc in enumerate(docs):
-            ents, group = self._span_group(doc, bounds[i:i + 2], self.spans_key, entities, scores, labels)
-            group.attrs["path_probability"] = float(prediction.path[i])
-            if reports[i] is not None:
-                group.attrs["constraints"] = reports[i]._asdict()
-                if reports[i].status == "infeasible":
+        groups = _span_groups(docs, key, entities, scores, labels)
+        paths = prediction.path.tolist()
+        for doc, (ents, group), path, report in zip(docs, groups, paths, reports):
+            group.attrs["path_probability"] = path
+            if report is not None:
+                group.attrs["constraints"] = report._asdict()
+                if report.status == "infeasible":
                     logger.warning("%s: no segmentation of a document satisfies its constraints; "
                                    "it keeps the unconstrained prediction", self.name)
-            doc.spans[self.spans_key] = group
+            doc.spans[key] = group
             set_entities(doc, ents)
         if self._candidates_key is not None:
             rows, raw = prediction.candidates
             cand_scores = apply_calibration(self.calibration, raw, self._seen(docs, rows))
-            bounds = _doc_bounds(rows, len(docs))
-            for i, doc in enumerate(docs):
-                _, group = self._span_group(doc, bounds[i:i + 2], self._candidates_key, rows,
-                                            cand_scores, labels)
+            candidates = _span_groups(docs, self._candidates_key, rows, cand_scores, labels)
+            for doc, (_, group) in zip(docs, candidates):
                 doc.spans[self._candidates_key] = group
 
     def _seen(self, docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:
@@ -599,23 +598,6 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             group.attrs["probability"] = seg.prob
             groups.append(group)
         return groups
-
-    @staticmethod
-    def _span_group(
-        doc: Doc, bounds: List[int], key: str, rows: numpy.ndarray, scores: numpy.ndarray,
-        labels: List[int],
-    ) -> Tuple[List[Span], SpanGroup]:
-        """The spans of a document, ``rows[a:b]`` for ``bounds = [a, b]`` (label ids 1..M of
-        the label hashes ``labels``; see :func:`_doc_bounds`), and a span group of them with
-        their ``scores`` in ``attrs["scores"]``."""
-        a, b = bounds
-        spans = [
-            Span(doc, start, end + 1, label=labels[label - 1])
-            for _, start, end, label in rows[a:b].tolist()
-        ]
-        group = SpanGroup(doc, name=key, spans=spans)
-        group.attrs["scores"] = numpy.array(scores[a:b], dtype="float32")
-        return spans, group
 
     # Serialization ----------------------------------------------------------------------------
 
@@ -685,6 +667,24 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"The saved '{self.name}' model predicts {n_head} labels but its cfg lists "
                 f"{len(self.labels)} ({list(self.labels)}): the saved pipeline is inconsistent."
             )
+
+
+def _span_groups(
+    docs: List[Doc], key: str, rows: numpy.ndarray, scores: numpy.ndarray, labels: List[int]
+) -> List[Tuple[List[Span], SpanGroup]]:
+    """Each document's spans among ``rows`` ``(doc, start, end inclusive, label 1..M)``
+    (sorted by document; ``labels`` are the label hashes), and a span group named ``key`` of
+    them with their ``scores`` in ``attrs["scores"]``."""
+    bounds = _doc_bounds(rows, len(docs))
+    rows_list = rows[:, 1:].tolist()  # one conversion for the batch, not one per document
+    out = []
+    for doc, a, b in zip(docs, bounds[:-1], bounds[1:]):
+        spans = [Span(doc, start, end + 1, label=labels[label - 1])
+                 for start, end, label in rows_list[a:b]]
+        group = SpanGroup(doc, name=key, spans=spans)
+        group.attrs["scores"] = numpy.array(scores[a:b], dtype="float32")
+        out.append((spans, group))
+    return out
 
 
 def _doc_bounds(rows: numpy.ndarray, n_docs: int) -> List[int]:

@@ -152,9 +152,16 @@ class _SpanScorer(nn.Module):
             # passes over them up to twice as fast; every entry is computed as in one piece.
             out = X.new_empty((self.output.out_features, B, L, K))
             terms = self.featurizer.terms(X, doc)
-            spans = PREDICT_CHUNK_ELEMENTS // self.featurizer.width_emb.shape[1]
-            for docs, positions in grid_chunks(B, L, K, spans):
-                hidden = self.featurizer.grid(terms, docs, positions)
+            H = self.featurizer.width_emb.shape[1]
+            chunks = grid_chunks(B, L, K, PREDICT_CHUNK_ELEMENTS // H)
+            # several chunks write their representations into one buffer, which stays in the
+            # cache (the largest chunk's size); a single chunk needs none
+            buffer = None
+            if len(chunks) > 1:
+                size = max(len(range(B)[d]) * len(range(L)[p]) for d, p in chunks)
+                buffer = X.new_empty((size * K * H,))
+            for docs, positions in chunks:
+                hidden = self.featurizer.grid(terms, docs, positions, buffer)
                 self._output(hidden, out[:, docs, positions].view(out.shape[0], -1))
         return out.permute(1, 2, 3, 0)
 

@@ -438,17 +438,22 @@ class SpanFeaturizer(nn.Module):
             None if peak is None else (peak, _pad_windows(peak, K)), bias,
         )
 
-    def grid(self, terms: SpanTerms, docs: slice, positions: slice) -> torch.Tensor:
+    def grid(
+        self, terms: SpanTerms, docs: slice, positions: slice, buffer: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``[b, p, K, H]``: the representations of the spans of documents ``docs`` that start
-        at ``positions`` (slices of the ``[B, L]`` positions :meth:`terms` was given)."""
+        at ``positions`` (slices of the ``[B, L]`` positions :meth:`terms` was given), written
+        into the start of ``buffer`` (a flat tensor of at least ``b * p * K * H`` entries)
+        if given: chunks that reuse one buffer find it in the cache."""
         K = self.max_width
         if terms.ends is not None:
             ends = _windows(terms.ends, K, docs, positions)
             starts = terms.starts[docs, positions].unsqueeze(2)
+            out = None if buffer is None else buffer[: ends.numel()].view(ends.shape)
             if self.span_repr == "endpoints":
-                pooled = torch.add(ends, starts)
+                pooled = torch.add(ends, starts, out=out)
             else:
-                pooled = torch.sub(ends, starts)
+                pooled = torch.sub(ends, starts, out=out)
             if self.span_repr == "mean":
                 widths = torch.arange(1, K + 1, device=pooled.device, dtype=pooled.dtype)
                 pooled.div_(widths.view(1, 1, -1, 1))

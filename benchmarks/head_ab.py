@@ -1,0 +1,131 @@
+"""Time of ``fsemicrf_ner`` (predict and set_annotations) with some of its functions as they
+were at another revision, against the working tree's, in one process.
+
+    python benchmarks/head_ab.py --model training/quick-fsemicrf/model-best \
+        --test corpus/test.spacy --reference REVISION \
+        --swap spacy_fsemicrf/component.py:FSemiCRFEntityRecognizer.set_annotations \
+               spacy_fsemicrf/structured/heads.py:_SpanScorer._score
+
+Each ``--swap FILE:QUALNAME`` names a function or method; its source at ``--reference`` (read
+with ``git show``) is compiled in the namespace of today's module, so it calls today's
+helpers: a helper that the change removed or renamed must be swapped too (a name missing from
+today's code is added for the reference runs only). Modules that imported a swapped function by
+name get the swap as well. Documents of each length are cut from the test set's running text
+(as in ``profile_predict.py``) and run through the tok2vec once; then both versions predict and
+annotate copies of them, alternating batch by batch, in ``--rounds`` rounds (the first two
+dropped; the median of the rest), on one thread, thread CPU time. Separate processes on a
+shared machine differed by up to 40%, more than most changes this compares, so both run in one
+process; ``--swap`` of a function that did not change shows how far apart the same code
+lands.
+"""
+import argparse
+import ast
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_predict import cut_docs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = [(10, 64), (35, 64), (150, 64), (1500, 1), (10, 1), (35, 1)]  # (length, batch)
+
+Slot = Tuple[Any, str]  # (module or class, attribute)
+
+
+def reference_function(revision: str, spec: str) -> Tuple[List[Slot], Any]:
+    """The slots that hold the function ``spec`` (``FILE:QUALNAME``) today, and its source at
+    ``revision`` compiled in today's module namespace."""
+    path, qualname = spec.split(":")
+    source = subprocess.check_output(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], text=True)
+    node: ast.AST = ast.parse(source)
+    for name in qualname.split("."):
+        node = next(n for n in ast.iter_child_nodes(node) if getattr(n, "name", None) == name)
+    module = __import__(path[:-3].replace("/", "."), fromlist=["_"])
+    namespace = dict(vars(module))
+    func_source = textwrap.dedent(ast.get_source_segment(source, node))
+    static = any(getattr(d, "id", None) == "staticmethod" for d in node.decorator_list)
+    exec(func_source.replace("@staticmethod\n", "", 1), namespace)
+    function = namespace[node.name]
+    owner: Any = module
+    for name in qualname.split(".")[:-1]:
+        owner = getattr(owner, name)
+    slots = [(owner, node.name)]
+    if owner is module and hasattr(module, node.name):  # imported by name elsewhere
+        today = getattr(module, node.name)
+        slots += [(m, node.name) for name, m in sys.modules.items()
+                  if name.startswith("spacy_fsemicrf") and m is not module
+                  and getattr(m, node.name, None) is today]
+    return slots, staticmethod(function) if static else function
+
+
+def switcher(revision: str, specs: List[str]) -> Callable[[str], None]:
+    """``use("reference")`` puts the reference functions in place, ``use("today")`` today's."""
+    versions: Dict[str, Dict[Slot, Any]] = {"reference": {}, "today": {}}
+    for spec in specs:
+        slots, function = reference_function(revision, spec)
+        for owner, attr in slots:
+            versions["reference"][owner, attr] = function
+            today = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr, None)
+            versions["today"][owner, attr] = today
+
+    def use(which: str) -> None:
+        for (owner, attr), value in versions[which].items():
+            if value is not None:
+                setattr(owner, attr, value)
+            elif attr in vars(owner):
+                delattr(owner, attr)
+
+    return use
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--test", required=True)
+    parser.add_argument("--reference", required=True, help="a git revision")
+    parser.add_argument("--swap", nargs="+", required=True, help="FILE:QUALNAME")
+    parser.add_argument("--tokens", type=int, default=6400, help="tokens per setting")
+    parser.add_argument("--rounds", type=int, default=12)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import spacy
+    from spacy.tokens import DocBin
+
+    nlp = spacy.load(args.model)
+    ner = nlp.get_pipe("fsemicrf_ner")
+    use = switcher(args.reference, args.swap)
+    before = nlp.pipeline[: nlp.pipe_names.index(ner.name)]
+    test = list(DocBin().from_disk(args.test).get_docs(nlp.vocab))
+    print(f"| length | batch | {args.reference} µs/doc | working tree µs/doc | ratio |")
+    print("|---:|---:|---:|---:|---:|")
+    for length, batch_size in SETTINGS:
+        docs = cut_docs(nlp, test, length, args.tokens)
+        for _, pipe in before:
+            docs = list(pipe.pipe(docs, batch_size=64))
+        # the two versions alternate batch by batch, so that both meet the same load
+        times: Dict[str, List[float]] = {"reference": [], "today": []}
+        for r in range(args.rounds):
+            total = {"reference": 0.0, "today": 0.0}
+            for k, i in enumerate(range(0, len(docs), batch_size)):
+                for which in ("reference", "today") if (r + k) % 2 else ("today", "reference"):
+                    use(which)
+                    batch = [d.copy() for d in docs[i:i + batch_size]]
+                    t0 = time.thread_time()
+                    ner.set_annotations(batch, ner.predict(batch))
+                    total[which] += time.thread_time() - t0
+            for which, seconds in total.items():
+                times[which].append(seconds / len(docs) * 1e6)
+        use("today")
+        ref, today = (statistics.median(times[w][2:]) for w in ("reference", "today"))
+        print(f"| {length} | {batch_size} | {ref:.1f} | {today:.1f} | {today / ref:.3f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
