@@ -466,8 +466,8 @@ def report(results: Dict[str, Tuple[Path, List[Mutant]]]) -> str:
         "that is the default, so they count as equivalent here (`tests/test_cuda.py` covers "
         "the GPU path on a GPU machine).",
         "",
-        "Every mutant of both groups (about 9,800) takes the two groups' run times below on "
-        "two cores, even with each mutant's tests run cheapest first, most of it in the mutants "
+        "Every mutant of both groups (the tables count them) takes the two groups' run times "
+        "below on two cores, even with each mutant's tests run cheapest first, most of it in the mutants "
         "that survive (they run every test of their function); `--minutes M` stops each group "
         "after M minutes (the mutants not reached, the slowest by mutmut's estimate, are *not run*), and "
         "`--sample` runs a fixed random fraction of each module's mutants instead; the score "
