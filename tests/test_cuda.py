@@ -39,25 +39,35 @@ def test_filtered_on_cuda_matches_cpu(with_transitions, density):
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))
-def test_heads_on_cuda_match_cpu(name):
+@pytest.mark.parametrize("word_pool", [False, True])
+def test_heads_on_cuda_match_cpu(name, word_pool):
+    """Also with same-word pooling on a padded batch whose words repeat, where the token
+    positions of the pooling's gather and scatter must reach the device."""
     torch.manual_seed(0)
-    head = HEADS[name](8, 3, max_width=4, hidden_width=16).eval()
+    head = HEADS[name](8, 3, max_width=4, hidden_width=16, word_pool=word_pool).eval()
     X, lengths = torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
     gold = torch.tensor([[0, 1, 2, 1], [0, 5, 5, 3], [1, 0, 3, 2]])
+    words = torch.randint(0, 6, (3, 20)) if word_pool else None
     if name == "FilteredSemiCRF":  # let the local classifier keep spans, so that there is a graph
         with torch.no_grad():
             head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
-    loss_cpu = head(X, lengths, gold)
-    spans_cpu, conf_cpu = head(X, lengths)
+    loss_cpu = head(X, lengths, gold, words=words)
+    spans_cpu, conf_cpu = head(X, lengths, words=words)
     head_gpu = head.cuda()
-    loss_gpu = head_gpu(X.cuda(), lengths.cuda(), gold.cuda())
-    spans_gpu, conf_gpu = head_gpu(X.cuda(), lengths.cuda())
+    words_gpu = None if words is None else words.cuda()
+    loss_gpu = head_gpu(X.cuda(), lengths.cuda(), gold.cuda(), words=words_gpu)
+    spans_gpu, conf_gpu = head_gpu(X.cuda(), lengths.cuda(), words=words_gpu)
     assert loss_gpu.device.type == "cuda"
     assert torch.allclose(loss_cpu, loss_gpu.cpu(), rtol=1e-4, atol=1e-4)
     loss_gpu.backward()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in head_gpu.parameters())
     assert torch.equal(spans_cpu, spans_gpu.cpu())
     assert torch.allclose(conf_cpu, conf_gpu.cpu(), atol=1e-4)
+    if word_pool:  # a batch without padding takes the pooling's other path
+        one_cpu = head.cpu()(X[:1], lengths[:1], words=words[:1])
+        one_gpu = head.cuda()(X[:1].cuda(), lengths[:1].cuda(), words=words[:1].cuda())
+        assert torch.equal(one_cpu[0], one_gpu[0].cpu())
+        assert torch.allclose(one_cpu[1], one_gpu[1].cpu(), atol=1e-4)
 
 
 @pytest.mark.parametrize("mixed_precision", [False, True])
