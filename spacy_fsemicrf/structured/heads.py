@@ -158,7 +158,7 @@ class _SpanScorer(nn.Module):
             # cache (the largest chunk's size); a single chunk needs none
             buffer = None
             if len(chunks) > 1:
-                size = max(len(range(B)[d]) * len(range(L)[p]) for d, p in chunks)
+                size = max((d.stop - d.start) * (p.stop - p.start) for d, p in chunks)
                 buffer = X.new_empty((size * K * H,))
             for docs, positions in chunks:
                 hidden = self.featurizer.grid(terms, docs, positions, buffer)
