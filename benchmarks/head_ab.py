@@ -8,15 +8,19 @@ were at another revision, against the working tree's, in one process.
 
 Each ``--swap FILE:QUALNAME`` names a function or method; its source at ``--reference`` (read
 with ``git show``) is compiled in the namespace of today's module, so it calls today's
-helpers: a helper that the change removed or renamed must be swapped too (a name missing from
-today's code is added for the reference runs only). Modules that imported a swapped function by
+helpers, and the other swapped functions of that module as they were: a helper that the change
+removed or renamed must be swapped too (a name missing from today's code is added for the
+reference runs only). Modules that imported a swapped function by
 name get the swap as well. Documents of each length are cut from the test set's running text
 (as in ``profile_predict.py``) and run through the tok2vec once; then both versions predict and
 annotate copies of them, alternating batch by batch, in ``--rounds`` rounds (the first two
 dropped; the median of the rest), on one thread, thread CPU time. Separate processes on a
 shared machine differed by up to 40%, more than most changes this compares, so both run in one
 process; ``--swap`` of a function that did not change shows how far apart the same code
-lands.
+lands. A method that the reference does not define is taken out for its runs (the class
+inherits it again). With ``--tok2vec`` the components before this one run on each batch
+before it is timed, as in a pipeline: at batch 1 the head then meets the caches the tok2vec
+left, which costs it more than the alternation alone.
 """
 import argparse
 import ast
@@ -37,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = [(10, 64), (35, 64), (150, 64), (1500, 1), (10, 1), (35, 1)]  # (length, batch)
 
 Slot = Tuple[Any, str]  # (module or class, attribute)
+_NAMESPACES: Dict[str, Dict[str, Any]] = {}
 
 
 def reference_function(revision: str, spec: str) -> Tuple[List[Slot], Any]:
@@ -44,18 +49,21 @@ def reference_function(revision: str, spec: str) -> Tuple[List[Slot], Any]:
     ``revision`` compiled in today's module namespace."""
     path, qualname = spec.split(":")
     source = subprocess.check_output(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], text=True)
-    node: ast.AST = ast.parse(source)
-    for name in qualname.split("."):
-        node = next(n for n in ast.iter_child_nodes(node) if getattr(n, "name", None) == name)
     module = __import__(path[:-3].replace("/", "."), fromlist=["_"])
-    namespace = dict(vars(module))
+    node: Any = ast.parse(source)
+    for name in qualname.split("."):
+        children = ast.iter_child_nodes(node)
+        node = next((n for n in children if getattr(n, "name", None) == name), None)
+        if node is None:  # new today: the reference runs without it (a class inherits it)
+            owner = _owner(module, qualname)
+            return [(owner, qualname.split(".")[-1])], None
+    # one namespace per module: reference functions that call each other get each other
+    namespace = _NAMESPACES.setdefault(module.__name__, dict(vars(module)))
     func_source = textwrap.dedent(ast.get_source_segment(source, node))
     static = any(getattr(d, "id", None) == "staticmethod" for d in node.decorator_list)
     exec(func_source.replace("@staticmethod\n", "", 1), namespace)
     function = namespace[node.name]
-    owner: Any = module
-    for name in qualname.split(".")[:-1]:
-        owner = getattr(owner, name)
+    owner = _owner(module, qualname)
     slots = [(owner, node.name)]
     if owner is module and hasattr(module, node.name):  # imported by name elsewhere
         today = getattr(module, node.name)
@@ -63,6 +71,14 @@ def reference_function(revision: str, spec: str) -> Tuple[List[Slot], Any]:
                   if name.startswith("spacy_fsemicrf") and m is not module
                   and getattr(m, node.name, None) is today]
     return slots, staticmethod(function) if static else function
+
+
+def _owner(module: Any, qualname: str) -> Any:
+    """The module or class that holds ``qualname`` in ``module``."""
+    owner = module
+    for name in qualname.split(".")[:-1]:
+        owner = getattr(owner, name)
+    return owner
 
 
 def switcher(revision: str, specs: List[str]) -> Callable[[str], None]:
@@ -93,6 +109,11 @@ def main() -> None:
     parser.add_argument("--swap", nargs="+", required=True, help="FILE:QUALNAME")
     parser.add_argument("--tokens", type=int, default=6400, help="tokens per setting")
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--settings", nargs="+", default=[f"{n}x{b}" for n, b in SETTINGS],
+                        help="LENGTHxBATCH, e.g. 10x1 (default: all six)")
+    parser.add_argument("--tok2vec", action="store_true",
+                        help="run the components before this one on each batch before timing it, "
+                             "as a pipeline does: they leave the caches cold for the head")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import spacy
@@ -105,7 +126,7 @@ def main() -> None:
     test = list(DocBin().from_disk(args.test).get_docs(nlp.vocab))
     print(f"| length | batch | {args.reference} µs/doc | working tree µs/doc | ratio |")
     print("|---:|---:|---:|---:|---:|")
-    for length, batch_size in SETTINGS:
+    for length, batch_size in (tuple(map(int, x.split("x"))) for x in args.settings):
         docs = cut_docs(nlp, test, length, args.tokens)
         for _, pipe in before:
             docs = list(pipe.pipe(docs, batch_size=64))
@@ -117,6 +138,9 @@ def main() -> None:
                 for which in ("reference", "today") if (r + k) % 2 else ("today", "reference"):
                     use(which)
                     batch = [d.copy() for d in docs[i:i + batch_size]]
+                    if args.tok2vec:
+                        for _, pipe in before:
+                            batch = list(pipe.pipe(batch, batch_size=batch_size))
                     t0 = time.thread_time()
                     ner.set_annotations(batch, ner.predict(batch))
                     total[which] += time.thread_time() - t0

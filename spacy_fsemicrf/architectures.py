@@ -232,11 +232,11 @@ def forward(model: Model[ModelInput, Any], X: ModelInput, is_train: bool):
 def word_ids(docs: List[Doc]) -> List[Ints1d]:
     """The tokens' lower-case forms as small int ids (one int64 array per doc; equal ids are
     equal forms within the batch), for the heads' ``word_pool``."""
-    hashes = [doc.to_array("LOWER").astype("uint64").reshape(-1) for doc in docs]
-    if not hashes:
-        return []
+    hashes = [doc.to_array("LOWER").reshape(-1) for doc in docs]  # uint64
+    if len(hashes) < 2:  # no concatenation or split (one request at a time)
+        return [numpy.unique(h, return_inverse=True)[1].astype("int64", copy=False) for h in hashes]
     _, ids = numpy.unique(numpy.concatenate(hashes), return_inverse=True)
-    ids = ids.astype("int64").reshape(-1)
+    ids = ids.astype("int64", copy=False).reshape(-1)
     # slices, not numpy.split, which costs several Python-level calls per document
     ends = numpy.cumsum([len(h) for h in hashes]).tolist()
     return [ids[a:b] for a, b in zip([0] + ends[:-1], ends)]

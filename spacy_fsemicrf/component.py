@@ -571,8 +571,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 doc.spans[self._candidates_key] = group
 
     def _seen(self, docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:
-        """Which entity ``rows`` were seen in training, where the calibration map asks."""
-        return seen_flags(docs, rows, self.seen_entities) if needs_novelty(self.calibration) else None
+        """Which entity ``rows`` were seen in training, where the calibration map asks (and
+        there are rows: calibrating no score needs none)."""
+        if not len(rows) or not needs_novelty(self.calibration):
+            return None
+        return seen_flags(docs, rows, self.seen_entities)
 
     def nbest(self, doc: Doc, k: int) -> List[SpanGroup]:
         """The ``k`` best segmentations of ``doc`` (a document the pipeline has run on, so

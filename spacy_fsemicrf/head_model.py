@@ -5,8 +5,8 @@ training loss (``gold`` given) or the decoded ``(spans [N, 4], confidences [N])`
 holds it in a :class:`HeadShim` (a :class:`thinc.api.PyTorchShim`):
 
 * its input is a :class:`HeadInput`; the token vectors are copied once into a zero-padded
-  ``[B, L, D]`` array handed to PyTorch without another copy (``xp2torch``), and the gradient
-  comes back as views of the padded gradient, one ``[n_i, D]`` block per document;
+  ``[B, L, D]`` array handed to PyTorch without another copy (``torch.from_numpy``), and the
+  gradient comes back as views of the padded gradient, one ``[n_i, D]`` block per document;
 * the number of labels is only known when the pipeline is initialized, so the shim starts with an
   empty placeholder module and :func:`build_head` puts the real head in at initialization;
 * the shim's bytes describe the head next to its weights (:mod:`.serialize`).
@@ -54,6 +54,21 @@ class HeadShim(PyTorchShim):
     time."""
 
     use_params = use_averaged_params
+    _first_param: Optional[Tuple[torch.nn.Module, Optional[torch.nn.Module], str]] = None
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the head's parameters. Thinc's walks the module tree on every call,
+        which cost a one-document prediction several percent: where the first parameter
+        lives (its module and name) is looked up once per head, and read from there (moving
+        the head may replace the parameter objects, not the modules that hold them)."""
+        cached = self._first_param
+        if cached is None or cached[0] is not self._model:
+            name = next((n for n, _ in self._model.named_parameters()), "")
+            owner = self._model.get_submodule(name.rpartition(".")[0]) if name else None
+            cached = self._first_param = (self._model, owner, name.rpartition(".")[2])
+        _, owner, attr = cached
+        return get_torch_default_device() if owner is None else getattr(owner, attr).device
 
     def predict(self, inputs: ArgsKwargs) -> Any:
         if self._model.training:
@@ -218,12 +233,13 @@ def _to_torch_args(
 ) -> ArgsKwargs:
     device = model.shims[0].device
     padded = _pad(model, inputs.Xs, lengths)
-    Xt = xp2torch(padded, requires_grad=is_train, device=device)
-    lengths_t = torch.as_tensor(lengths, dtype=torch.long).to(device)
+    Xt = _as_tensor(padded, device)
+    if is_train:
+        Xt.requires_grad_()
+    lengths_t = _as_tensor(numpy.asarray(lengths, dtype="int64"), device)
     kwargs: Dict[str, Any] = {}
     if inputs.words is not None:
-        words = _pad_words(inputs.words, lengths, padded.shape[1])
-        kwargs["words"] = torch.as_tensor(words).to(device)
+        kwargs["words"] = _as_tensor(_pad_words(inputs.words, lengths, padded.shape[1]), device)
     if inputs.gold is not None:
         gold = inputs.gold
         gold_np = gold if isinstance(gold, numpy.ndarray) else model.ops.to_numpy(gold)
@@ -235,6 +251,15 @@ def _to_torch_args(
         if inputs.options is not None:
             kwargs["options"] = inputs.options
     return ArgsKwargs(args=(Xt, lengths_t), kwargs=kwargs)
+
+
+def _as_tensor(array: Any, device: torch.device) -> torch.Tensor:
+    """``array`` (NumPy or CuPy) as a tensor on ``device``, without a copy where it already is
+    there. A NumPy array goes through ``torch.from_numpy``: Thinc's ``xp2torch`` takes the
+    DLPack route, a few times slower for the small arrays of a short document."""
+    if isinstance(array, numpy.ndarray):
+        return torch.from_numpy(array).to(device)
+    return xp2torch(array, device=device)
 
 
 def padded_torch_inputs(model: Model, inputs: HeadInput) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, Any]]:
@@ -285,6 +310,8 @@ def length_groups(
     group's padded size ``len(group) * max_length`` stays within ``max_padded`` (a longer
     document forms its own group) and no document is shorter than ``min_ratio`` times its
     group's longest. Empty documents are left out."""
+    if lengths.size == 1:  # one request at a time: no sort
+        return [numpy.zeros((1,), dtype="int64")] if lengths[0] else []
     order = numpy.argsort(-lengths, kind="stable")
     groups: List[List[int]] = []
     current: List[int] = []
@@ -310,18 +337,23 @@ def _predict(model: Model, inputs: HeadInput, lengths: numpy.ndarray):
     shim = model.shims[0]
     options = inputs.options
     parts: List[Tuple[numpy.ndarray, Prediction]] = []
-    for group in length_groups(lengths, int(model.attrs["max_padded_tokens"])):
-        words = None if inputs.words is None else [inputs.words[i] for i in group]
-        sub_options = None
-        if options is not None:
-            constraints = options.constraints
-            sub_options = options._replace(
-                constraints=None if constraints is None else [constraints[i] for i in group])
-        sub = HeadInput([inputs.Xs[i] for i in group], words=words,
-                        filter_margin=inputs.filter_margin, options=sub_options)
+    groups = length_groups(lengths, int(model.attrs["max_padded_tokens"]))
+    in_order = _in_batch_order(groups)
+    for group in groups:
+        if in_order and group.size == lengths.size:
+            sub = inputs  # the whole batch in one group
+        else:
+            words = None if inputs.words is None else [inputs.words[i] for i in group]
+            sub_options = None
+            if options is not None:
+                constraints = options.constraints
+                sub_options = options._replace(
+                    constraints=None if constraints is None else [constraints[i] for i in group])
+            sub = HeadInput([inputs.Xs[i] for i in group], words=words,
+                            filter_margin=inputs.filter_margin, options=sub_options)
         out = shim.predict(_to_torch_args(model, sub, lengths[group], False))
-        parts.append((group, Prediction(*out) if sub_options is None else out))
-    spans, scores = _merge_rows([(g, p.spans, p.scores) for g, p in parts])
+        parts.append((group, Prediction(*out) if options is None else out))
+    spans, scores = _merge_rows([(g, p.spans, p.scores) for g, p in parts], in_order)
     if options is None:
         return spans, scores
     n_docs = len(lengths)
@@ -334,7 +366,7 @@ def _predict(model: Model, inputs: HeadInput, lengths: numpy.ndarray):
             reports[i] = report
     candidates = None
     if options.candidates:
-        candidates = _merge_rows([(g, *p.candidates) for g, p in parts])
+        candidates = _merge_rows([(g, *p.candidates) for g, p in parts], in_order)
     return BatchPrediction(spans, scores, path if options.path else None, candidates,
                            reports if options.constrained() else None)
 
@@ -343,12 +375,23 @@ def _host(x: torch.Tensor, dtype: torch.dtype) -> numpy.ndarray:
     return x.detach().to("cpu", dtype).numpy()
 
 
-def _merge_rows(parts: Sequence[Tuple[numpy.ndarray, torch.Tensor, torch.Tensor]]) -> Decoded:
+def _in_batch_order(groups: List[numpy.ndarray]) -> bool:
+    """Whether ``groups`` is one group of the batch's first documents in order (one document,
+    or documents of one length), whose rows then hold the batch's document numbers."""
+    if len(groups) != 1:
+        return False
+    group = groups[0]
+    return (group.size == 1 and int(group[0]) == 0) or numpy.array_equal(
+        group, numpy.arange(group.size))
+
+
+def _merge_rows(
+    parts: Sequence[Tuple[numpy.ndarray, torch.Tensor, torch.Tensor]], in_order: bool
+) -> Decoded:
     """Rows ``(doc, start, end, label)`` and their values from the length groups, with the
-    group's document numbers mapped back to the batch's and sorted by ``(doc, start)``."""
-    if len(parts) == 1 and numpy.array_equal(parts[0][0], numpy.arange(parts[0][0].size)):
-        # one group in batch order (one document, or documents of one length): the rows
-        # already hold the batch's document numbers, in (doc, start) order
+    group's document numbers mapped back to the batch's and sorted by ``(doc, start)``;
+    ``in_order``: the groups are one group in batch order (:func:`_in_batch_order`)."""
+    if in_order:  # the rows already hold the batch's document numbers, in (doc, start) order
         _, rows_t, values_t = parts[0]
         return _host(rows_t, torch.long).reshape(-1, 4), _host(values_t, torch.float32).reshape(-1)
     all_rows = [numpy.zeros((0, 4), dtype="int64")]

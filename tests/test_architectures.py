@@ -177,6 +177,9 @@ def test_length_groups():
     # documents much shorter than their group's longest start a new group
     assert [g.tolist() for g in length_groups(lengths, max_padded=10**6, min_ratio=0.7)] == [[2, 4], [3, 0], [5]]
     assert length_groups(numpy.asarray([0, 0]), 10) == []
+    # one document: its own group, unless it is empty
+    assert [g.tolist() for g in length_groups(numpy.asarray([7]), 3)] == [[0]]
+    assert length_groups(numpy.asarray([0]), 10) == []
 
 
 def test_bad_settings_fail_when_the_config_is_resolved():
@@ -276,4 +279,32 @@ def test_word_ids_match_lower_case_forms_across_the_batch():
     assert [len(i) for i in ids] == [3, 0, 2]
     assert ids[0][0] == ids[0][2] == ids[2][0]
     assert len({int(ids[0][0]), int(ids[0][1]), int(ids[2][1])}) == 3
+    assert all(i.dtype == numpy.int64 for i in ids)
     assert word_ids([]) == []
+    # one document alone takes a shorter path: the same grouping, int64 ids
+    for doc in docs:
+        alone = word_ids([doc])[0]
+        assert alone.dtype == numpy.int64 and len(alone) == len(doc)
+        assert all(0 <= int(i) < len(doc) for i in alone)  # small: the head keys pairs with them
+        lower = [t.lower_ for t in doc]
+        assert all((alone[a] == alone[b]) == (lower[a] == lower[b])
+                   for a in range(len(doc)) for b in range(len(doc)))
+
+
+def test_head_shim_device_follows_its_head():
+    """The shim looks the head's first parameter up once per module: a head put in later, or
+    moved to another device, gives the device its parameters are on."""
+    import torch
+
+    from spacy_fsemicrf.head_model import build_head, make_head_model, torch_head
+
+    model = make_head_model("FilteredSemiCRF", {"max_width": 3}, mixed_precision=False,
+                            grad_scaler=None)
+    shim = model.shims[0]
+    assert shim.device == torch.device("cpu")  # the placeholder has no parameters
+    build_head(model, 8, 2)
+    assert shim.device == torch.device("cpu")
+    torch_head(model).to("meta")  # moving keeps the parameter objects
+    assert shim.device == torch.device("meta")
+    shim._model = torch.nn.Linear(2, 2)  # another head in its place
+    assert shim.device == torch.device("cpu")

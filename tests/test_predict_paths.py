@@ -10,7 +10,7 @@ from spacy.vocab import Vocab
 from thinc.api import Model, NumpyOps
 
 from spacy_fsemicrf.component import _doc_bounds, set_entities
-from spacy_fsemicrf.head_model import _merge_rows, _pad, _pad_words
+from spacy_fsemicrf.head_model import _in_batch_order, _merge_rows, _pad, _pad_words
 import pytest
 
 from spacy_fsemicrf.structured import heads as heads_module
@@ -106,12 +106,18 @@ def test_doc_bounds_are_each_documents_rows():
 def test_merge_rows_of_one_group_in_batch_order_keeps_them_as_they_are():
     rows = torch.tensor([[0, 1, 2, 1], [0, 4, 4, 2], [1, 0, 0, 1]])
     values = torch.tensor([0.5, 0.25, 1.0])
-    got_rows, got_values = _merge_rows([(numpy.arange(2), rows, values)])
-    assert got_rows.tolist() == rows.tolist() and got_values.tolist() == values.tolist()
+    for groups in ([numpy.arange(2)], [numpy.arange(1)], [numpy.arange(3)]):
+        assert _in_batch_order(groups)
+        got_rows, got_values = _merge_rows([(groups[0], rows, values)], True)
+        assert got_rows.tolist() == rows.tolist() and got_values.tolist() == values.tolist()
     # the same group in another order is mapped back to the batch and sorted
-    got_rows, got_values = _merge_rows([(numpy.array([1, 0]), rows, values)])
+    assert not _in_batch_order([numpy.array([1, 0])])
+    got_rows, got_values = _merge_rows([(numpy.array([1, 0]), rows, values)], False)
     assert got_rows.tolist() == [[0, 0, 0, 1], [1, 1, 2, 1], [1, 4, 4, 2]]
     assert got_values.tolist() == [1.0, 0.5, 0.25]
+    # a single document that is not the batch's first, and two groups, are not in order
+    assert not _in_batch_order([numpy.array([1])])
+    assert not _in_batch_order([numpy.array([0]), numpy.array([1])])
 
 
 def test_same_word_mean_of_distinct_words_is_each_token_bit_for_bit():

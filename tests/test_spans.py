@@ -155,13 +155,14 @@ def test_document_mean_leaves_out_padding_and_empty_documents():
 
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 10_000), st.lists(st.integers(0, 9), min_size=1, max_size=4),
-       st.integers(1, 4), st.sampled_from([0, -3, 2**40, 2**62]))
-def test_same_word_mean_matches_brute_force(seed, lengths, vocab, offset):
+       st.integers(1, 4), st.sampled_from([0, -3, 2**40, 2**62]), st.integers(0, 1))
+def test_same_word_mean_matches_brute_force(seed, lengths, vocab, offset, pad):
     """Each token gets the mean over the tokens of its own document with its word id (ids may
-    be negative or too large for a float64 to tell apart, and shared by up to four documents); padding (whatever ids it holds)
-    and the other documents change nothing and come out zero."""
+    be negative or too large for a float64 to tell apart, and shared by up to four documents);
+    padding (whatever ids it holds) and the other documents change nothing and come out zero.
+    Without padding (``pad`` 0), a single document takes a shorter path."""
     gen = torch.Generator().manual_seed(seed)
-    B, L = len(lengths), max(lengths + [1]) + 1
+    B, L = len(lengths), max(lengths + [1]) + pad
     x = torch.randn(B, L, 3, generator=gen, dtype=torch.float64)
     words = torch.randint(0, vocab, (B, L), generator=gen) + offset
     got = same_word_mean(x, words, torch.tensor(lengths))

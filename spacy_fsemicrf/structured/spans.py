@@ -195,14 +195,20 @@ def _word_groups(
     document's dozen small calls cost a fraction of the same calls in PyTorch."""
     words_np = words.detach().cpu().numpy().astype("int64", copy=False)
     lengths_np = lengths.detach().cpu().numpy()
-    valid = numpy.arange(length)[None, :] < lengths_np[:, None]
-    token = numpy.flatnonzero(valid)
-    ids = words_np.reshape(-1)[token]
+    if lengths_np.size == 1 and int(lengths_np[0]) == length:
+        # one document without padding (one request at a time): its word ids are the keys
+        token = numpy.arange(length)
+        ids = keys = words_np.reshape(-1)
+    else:
+        valid = numpy.arange(length)[None, :] < lengths_np[:, None]
+        token = numpy.flatnonzero(valid)
+        ids = words_np.reshape(-1)[token]
+        if ids.size:
+            lowest = ids.min()
+            # one group per (document, word) pair, so documents never pool together; the pair
+            # as one int64 key, as a 1-d unique is several times faster than one over rows
+            keys = (token // length) * (int(ids.max() - lowest) + 1) + (ids - lowest)
     if ids.size:
-        lowest = ids.min()
-        # one group per (document, word) pair, so documents never pool together; the pair as
-        # one int64 key, as a 1-d unique is several times faster than a unique over rows
-        keys = (token // length) * (int(ids.max() - lowest) + 1) + (ids - lowest)
         _, group, counts = numpy.unique(keys, return_inverse=True, return_counts=True)
     else:
         group = counts = numpy.zeros((0,), dtype="int64")
