@@ -433,6 +433,21 @@ def test_inference_nodes_are_the_non_null_local_argmax():
     assert torch.equal(labels[mask], local.argmax(-1)[mask])
 
 
+def test_inference_nodes_leave_out_ties_with_null():
+    """A span whose best entity label scores exactly what null scores is not kept (as with an
+    argmax, which takes the first maximum); with the margin, exactly null minus the margin."""
+    local = torch.zeros(1, 2, 2, 3)
+    local[..., 0] = 8.0  # null far ahead everywhere else
+    local[0, 0, 0] = torch.tensor([0.5, 0.5, 0.25])  # tie with null: left out
+    local[0, 1, 0] = torch.tensor([0.5, 0.25, 0.75])  # above null: kept, label 2
+    lengths = torch.tensor([2])
+    mask, labels = inference_nodes(local, lengths)
+    assert mask.nonzero().tolist() == [[0, 1, 0]] and labels[0, 1, 0] == 2
+    local[0, 0, 0] = torch.tensor([0.75, 0.5, 0.25])  # exactly null minus a margin of 0.25
+    assert inference_nodes(local, lengths, 0.25)[0].nonzero().tolist() == [[0, 1, 0]]
+    assert inference_nodes(local, lengths, 0.5)[0].sum() == 2
+
+
 @pytest.mark.parametrize("margin", [-1.5, 0.0, 0.4, 2.0])
 def test_inference_nodes_keep_the_spans_within_the_margin(margin):
     gen = torch.Generator().manual_seed(1)
