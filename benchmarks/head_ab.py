@@ -10,9 +10,9 @@ Each ``--swap FILE:QUALNAME`` names a function or method; its source at ``--refe
 with ``git show``) is compiled in the namespace of today's module, so it calls today's
 helpers, and the other swapped functions of that module as they were: a helper that the change
 removed or renamed must be swapped too (a name missing from today's code is added for the
-reference runs only). Modules that imported a swapped function by
-name get the swap as well. Documents of each length are cut from the test set's running text
-(as in ``profile_predict.py``) and run through the tok2vec once; then both versions predict and
+reference runs only). Modules that imported a swapped function by name get the swap as well.
+Documents of each length are cut from the test set's running text (as in
+``profile_predict.py``) and run through the tok2vec once; then both versions predict and
 annotate copies of them, alternating batch by batch, in ``--rounds`` rounds (the first two
 dropped; the median of the rest), on one thread, thread CPU time. Separate processes on a
 shared machine differed by up to 40%, more than most changes this compares, so both run in one
