@@ -137,8 +137,19 @@ def test_biluo_scheme():
 
 
 def test_unknown_scheme_raises():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="scheme must be one of"):
         tag_scheme(3, "IOBES")
+    with pytest.raises(ValueError, match="n_labels must be >= 0, got -1"):
+        tag_scheme(-1)
+
+
+@pytest.mark.parametrize("scheme", ["BIO", "bio", "BILUO"])
+def test_a_scheme_without_labels_has_only_the_outside_tag(scheme):
+    """No entity type: one tag, O, which may follow START, itself, and precede END."""
+    ts = tag_scheme(0, scheme)
+    assert ts.scheme == scheme.upper() and ts.n_tags == 1 and ts.names == ("O",)
+    assert ts.allowed.tolist() == [[True, True], [True, True]]
+    assert tag_scheme(0).scheme == "BIO"  # the default scheme
 
 
 @pytest.mark.parametrize("scheme", ["BIO", "BILUO"])
