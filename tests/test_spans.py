@@ -35,13 +35,13 @@ def test_gold_label_grid_places_labels_and_rejects_bad_spans():
     grid = gold_label_grid(gold, lengths, 5, 3)
     assert grid[0, 0, 1] == 2 and grid[0, 3, 0] == 1 and grid[1, 1, 1] == 1
     assert grid.count_nonzero() == 3
-    with pytest.raises(ValueError, match="max_width"):
+    with pytest.raises(ValueError, match="^gold span of width 4 exceeds max_width=3$"):
         gold_label_grid(torch.tensor([[0, 0, 3, 1]]), lengths, 5, 3)
-    with pytest.raises(ValueError, match="overlap"):
+    with pytest.raises(ValueError, match="^gold spans overlap within a document$"):
         gold_label_grid(torch.tensor([[0, 0, 1, 1], [0, 1, 2, 1]]), lengths, 5, 3)
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(ValueError, match="^gold span outside its document"):
         gold_label_grid(torch.tensor([[1, 2, 3, 1]]), lengths, 5, 3)
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(ValueError, match="^gold span labels must be entity ids >= 1"):
         gold_label_grid(torch.tensor([[0, 2, 3, 0]]), lengths, 5, 3)
     empty = gold_label_grid(torch.zeros((0, 4), dtype=torch.long), lengths, 5, 3)
     assert empty.count_nonzero() == 0
