@@ -512,3 +512,30 @@ def test_inference_node_set_lists_the_filtered_nodes(label_major):
     # a last document without nodes still has its count
     assert inference_node_set(local, glob, torch.tensor([7, 0, 0])).counts().tolist() == [
         int(mask[0].sum()), 0, 0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 3), st.integers(1, 7), st.integers(1, 3),
+       st.sampled_from([0.0, 0.1, 0.3, 1.0]))
+def test_disjoint_matches_brute_force_and_decode_keeps_the_solve(seed, B, L, K, density):
+    """``disjoint`` says whether two nodes of a document share a token; where none do,
+    ``decode_node_set`` skips the solve and gives what it gives, bit for bit (every node on the
+    best path, marginal 1); otherwise, and with transitions, it is the solve."""
+    from spacy_fsemicrf.structured.compaction import disjoint
+    from spacy_fsemicrf.structured.filtered import NodeSet, decode_node_set, solve_node_set
+
+    lengths, mask, scores, labels, transitions = random_nodes(seed, B, L, K, 3, density)
+    index = mask.view(-1).nonzero().squeeze(1)
+    nodes = NodeSet(index, labels.view(-1)[index], scores.view(-1)[index].float(), (B, L, K))
+    overlapping = any(
+        a[1] + a[0] >= b[0]  # sorted by start: b starts within a
+        for d in range(B) for a, b in zip(doc_nodes(mask, d), doc_nodes(mask, d)[1:])
+    )
+    assert disjoint(index, (B, L, K)) == (not overlapping)
+    for T in (None, transitions.float()):
+        best, marginals = decode_node_set(nodes, T)
+        solved = solve_node_set(nodes, T, "decode")
+        assert torch.equal(best, solved.best)
+        assert marginals.dtype == solved.marginals.dtype
+        assert marginals.numpy().tobytes() == solved.marginals.numpy().tobytes()
+        assert decode_node_set(nodes, T, marginals=False)[1] is None

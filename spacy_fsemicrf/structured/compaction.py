@@ -119,14 +119,8 @@ def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: b
     compact. Scan rows are right-aligned in their block's scan grid, so that every row ends at
     the last position, where the scan reads END.
     """
-    B, L, K = shape
     device = node_index.device
-    flat = node_index.cpu().numpy()
-    # max(.., 1): an empty grid has no nodes to divide
-    row, width = numpy.divmod(flat, max(K, 1))  # row = doc * L + start
-    doc = row // max(L, 1)
-    start = row + doc  # on the batch's line (only differences of positions matter below)
-    end = start + width
+    doc, start, end = batch_line(node_index, shape)
     if doc.size == 0:
         return Compaction((), _host_clusters(doc, doc, doc, doc, doc, (), device))
     reach = numpy.maximum.accumulate(end)
@@ -166,6 +160,7 @@ def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: b
     scanned = ~host
     has_scan = numpy.bincount(node_row[scanned], minlength=row_len.size) > 0
     node_block = numpy.where(scanned, _length_blocks(row_len, has_scan)[node_row], -1)
+    K, width = shape[2], end - start
     blocks = []
     for b in numpy.unique(node_block[scanned]).tolist():
         in_block = node_block == b
@@ -179,6 +174,25 @@ def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: b
             rows.size, length,
         ))
     return Compaction(tuple(blocks), host_clusters)
+
+
+def batch_line(node_index: torch.Tensor, shape: Tuple[int, int, int]) -> Tuple[numpy.ndarray, ...]:
+    """``(doc, start, end)`` of the nodes at the flat grid ``node_index`` (in grid order) on one
+    line for the whole batch, with a gap between documents (``doc * (L + 1) + start``), as NumPy
+    arrays: sorted by start, and a node's end never reaches the next document's first start."""
+    B, L, K = shape
+    # max(.., 1): an empty grid has no nodes to divide
+    row, width = numpy.divmod(node_index.cpu().numpy(), max(K, 1))  # row = doc * L + start
+    doc = row // max(L, 1)
+    start = row + doc
+    return doc, start, start + width
+
+
+def disjoint(node_index: torch.Tensor, shape: Tuple[int, int, int]) -> bool:
+    """Whether no two of the nodes overlap: sorted by start on the batch's line, each starts
+    after the one before it ends."""
+    _, start, end = batch_line(node_index, shape)
+    return bool(numpy.count_nonzero(start[1:] <= end[:-1]) == 0)
 
 
 def _solved_on_host(doc, start, end, opens, cluster, first_node, cl_doc, device):

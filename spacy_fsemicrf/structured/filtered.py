@@ -31,7 +31,9 @@ from typing import NamedTuple, Optional, Tuple
 import numpy
 import torch
 
-from .compaction import HostClusters, HostLogPartition, ScanBlock, compact, solve_host, to_device
+from .compaction import (
+    HostClusters, HostLogPartition, ScanBlock, compact, disjoint, solve_host, to_device,
+)
 from .semiring import NEG, lse, logaddexp, masked_fill_neg
 from .spans import overlap_mask, span_ends
 
@@ -580,6 +582,11 @@ def decode_node_set(
     """Decode a :class:`NodeSet` without a grid (what a pipeline does at prediction time):
     ``(best BoolTensor[n], marginals [n])``, whether each listed node is on the best path and
     its marginal probability (None when ``marginals`` is False: Viterbi only)."""
+    if transitions is None and disjoint(nodes.index, nodes.shape):
+        # the graph's one path holds every node, each a clique of its own: what the solve
+        # gives (exactly 1.0), without it (most documents of a trained model, one at a time)
+        return torch.ones_like(nodes.index, dtype=torch.bool), (
+            torch.ones_like(nodes.scores) if marginals else None)
     solution = solve_node_set(nodes, transitions, "decode" if marginals else "viterbi")
     return solution.best, solution.marginals
 
