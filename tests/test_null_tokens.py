@@ -114,6 +114,18 @@ def test_a_path_may_leave_an_isolated_node_out():
     assert not bool(best[0])  # the nulls score 0.7 > 0.5
 
 
+def test_a_cell_whose_node_ties_with_its_null_picks_the_null():
+    """A one-token node scoring exactly what the null of its token scores: the cell's best
+    choice is the null (ties go to null, as in the filter); above it, the node."""
+    for score, picked in ((0.5, False), (0.75, True)):
+        nodes = filtered.NodeSet(torch.tensor([1 * 3 + 0]), torch.tensor([2]),
+                                 torch.tensor([score], dtype=torch.float64), (1, 5, 3))
+        null = torch.tensor([[0.0, 0.5, 0.0, 0.0, 0.0]], dtype=torch.float64)
+        graph = add_null_tokens(nodes, null)
+        assert graph.pick.tolist() == [picked]
+        assert graph.best_scores.tolist() == [max(score, 0.5)]
+
+
 def test_gold_path_nulls():
     nodes = filtered.NodeSet(torch.tensor([0, 2 * 2 + 1]), torch.tensor([1, 1]),
                              torch.zeros(2, dtype=torch.float64), (1, 4, 2))
