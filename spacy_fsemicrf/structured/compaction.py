@@ -180,7 +180,7 @@ def batch_line(node_index: torch.Tensor, shape: Tuple[int, int, int]) -> Tuple[n
     """``(doc, start, end)`` of the nodes at the flat grid ``node_index`` (in grid order) on one
     line for the whole batch, with a gap between documents (``doc * (L + 1) + start``), as NumPy
     arrays: sorted by start, and a node's end never reaches the next document's first start."""
-    B, L, K = shape
+    _, L, K = shape
     # max(.., 1): an empty grid has no nodes to divide
     row, width = numpy.divmod(node_index.cpu().numpy(), max(K, 1))  # row = doc * L + start
     doc = row // max(L, 1)
