@@ -27,6 +27,7 @@ from thinc.types import Floats2d, Ints1d, Ints2d
 
 from .averages import use_averaged_params
 from .serialize import UninitializedHead, deserialize_head, instantiate_head, serialize_head
+from .structured.compaction import to_device
 from .structured.constrained import ConstraintReport
 from .structured.heads import HEADS
 from .structured.prediction import DecodeOptions, Prediction
@@ -255,10 +256,10 @@ def _to_torch_args(
 
 def _as_tensor(array: Any, device: torch.device) -> torch.Tensor:
     """``array`` (NumPy or CuPy) as a tensor on ``device``, without a copy where it already is
-    there. A NumPy array goes through ``torch.from_numpy``: Thinc's ``xp2torch`` takes the
-    DLPack route, a few times slower for the small arrays of a short document."""
+    there. A NumPy array goes through ``torch.from_numpy`` (:func:`to_device`): Thinc's
+    ``xp2torch`` takes the DLPack route, a few times slower for a short document's arrays."""
     if isinstance(array, numpy.ndarray):
-        return torch.from_numpy(array).to(device)
+        return to_device(array, device)
     return xp2torch(array, device=device)
 
 

@@ -237,6 +237,8 @@ def _solved_on_host(doc, start, end, opens, cluster, first_node, cl_doc, device)
 
 
 def to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
+    """A NumPy array as a tensor on ``device``: on the CPU, the same memory (no copy of a
+    contiguous array)."""
     out = torch.from_numpy(numpy.ascontiguousarray(x))
     return out if device.type == "cpu" else out.to(device)
 

@@ -195,19 +195,18 @@ def _word_groups(
     document's dozen small calls cost a fraction of the same calls in PyTorch."""
     words_np = words.detach().cpu().numpy().astype("int64", copy=False)
     lengths_np = lengths.detach().cpu().numpy()
-    if lengths_np.size == 1 and int(lengths_np[0]) == length:
-        # one document without padding (one request at a time): its word ids are the keys
-        token = numpy.arange(length)
-        ids = keys = words_np.reshape(-1)
+    if int(lengths_np.min(initial=length)) == length:  # no padding: the tokens fill the grid
+        token = numpy.arange(words_np.size)
+        ids = words_np.reshape(-1)
     else:
-        valid = numpy.arange(length)[None, :] < lengths_np[:, None]
-        token = numpy.flatnonzero(valid)
+        token = numpy.flatnonzero(numpy.arange(length)[None, :] < lengths_np[:, None])
         ids = words_np.reshape(-1)[token]
-        if ids.size:
-            lowest = ids.min()
-            # one group per (document, word) pair, so documents never pool together; the pair
-            # as one int64 key, as a 1-d unique is several times faster than one over rows
-            keys = (token // length) * (int(ids.max() - lowest) + 1) + (ids - lowest)
+    keys = ids  # one document (one request at a time): its word ids are the keys
+    if ids.size and lengths_np.size > 1:
+        lowest = ids.min()
+        # one group per (document, word) pair, so documents never pool together; the pair as
+        # one int64 key, as a 1-d unique is several times faster than a unique over rows
+        keys = (token // length) * (int(ids.max() - lowest) + 1) + (ids - lowest)
     if ids.size:
         _, group, counts = numpy.unique(keys, return_inverse=True, return_counts=True)
     else:
