@@ -38,6 +38,42 @@ def test_filtered_on_cuda_matches_cpu(with_transitions, density):
         assert torch.allclose(a, b, atol=1e-8)
 
 
+@pytest.mark.parametrize("density", [0.02, 0.4])  # no two nodes overlap / most do
+def test_decode_node_set_on_cuda_matches_cpu(density):
+    """The decode of a node set, with the solve and without it (no overlaps, no transitions),
+    gives the CPU's results on the nodes' device."""
+    from spacy_fsemicrf.structured.compaction import disjoint
+    from spacy_fsemicrf.structured.filtered import NodeSet, decode_node_set
+
+    lengths, mask, scores, labels, transitions = random_nodes(3, 4, 40, 1 if density < 0.1 else 4,
+                                                              4, density)
+    index = mask.view(-1).nonzero().squeeze(1)
+    nodes = NodeSet(index, labels.view(-1)[index], scores.view(-1)[index].float(), mask.shape)
+    assert disjoint(index, tuple(mask.shape)) == (density < 0.1)
+    on_cuda = NodeSet(*(x.cuda() for x in nodes[:3]), nodes.shape)
+    for T in (None, transitions.float()):
+        best, marginals = decode_node_set(nodes, T)
+        best_gpu, marginals_gpu = decode_node_set(on_cuda, None if T is None else T.cuda())
+        assert best_gpu.device.type == marginals_gpu.device.type == "cuda"
+        assert torch.equal(best, best_gpu.cpu())
+        assert torch.allclose(marginals, marginals_gpu.cpu(), atol=1e-6)
+
+
+def test_head_shim_device_follows_the_head_to_the_gpu():
+    """The shim's cached place of the head's first parameter gives the device after a move."""
+    from spacy_fsemicrf.head_model import build_head, make_head_model, torch_head
+
+    model = make_head_model("FilteredSemiCRF", {"max_width": 3}, mixed_precision=False,
+                            grad_scaler=None)
+    build_head(model, 8, 2)
+    shim = model.shims[0]
+    assert shim.device.type == "cpu"
+    torch_head(model).cuda()
+    assert shim.device.type == "cuda"
+    torch_head(model).cpu()
+    assert shim.device.type == "cpu"
+
+
 @pytest.mark.parametrize("name", sorted(HEADS))
 @pytest.mark.parametrize("word_pool", [False, True])
 def test_heads_on_cuda_match_cpu(name, word_pool):
