@@ -175,6 +175,26 @@ def test_same_word_mean_matches_brute_force(seed, lengths, vocab, offset, pad):
             assert torch.allclose(got[b, i], x[b, same].mean(0))
 
 
+def test_same_word_mean_keeps_documents_apart_with_negative_ids():
+    """Each (document, word) pair is one key, in a block per document as wide as the ids'
+    range (4 here): a block of 3 would pool document 1's -3 with document 0's 0, and one of
+    max + lowest + 1 = -2 its -1 with document 0's -3."""
+    x = torch.arange(12, dtype=torch.float64).view(2, 3, 2)
+    words = torch.tensor([[-3, 0, 0], [-3, -1, -1]])
+    got = same_word_mean(x, words, torch.tensor([3, 3]))
+    expected = x.clone()
+    expected[:, 1:] = x[:, 1:].mean(1, keepdim=True)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_same_word_mean_of_an_empty_batch(grad):
+    with torch.set_grad_enabled(grad):
+        got = same_word_mean(torch.zeros(0, 3, 2), torch.zeros(0, 3, dtype=torch.long),
+                             torch.zeros(0, dtype=torch.long))
+    assert got.shape == (0, 3, 2)
+
+
 def test_same_word_mean_passes_gradient_to_every_mention():
     x = torch.randn(1, 4, 2, requires_grad=True)
     words = torch.tensor([[7, 3, 7, 7]])
