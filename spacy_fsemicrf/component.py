@@ -383,6 +383,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             )
         self.n_wide_dropped = self.widest_dropped = 0
         self.calibration = None  # a new model: the scores need a new map
+        # no warning while it is trained and evaluated: the map comes when it is saved
+        # ([training.before_to_disk]) or from the calibrate command; loading arms it again
+        self._warned_uncalibrated = True
         self._set_seen(seen)
         self.constraints = self.constraints  # now that the labels are known, check them
         self.model.set_dim("nO", len(self.labels), force=True)
@@ -621,7 +624,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         seen = Path(path) / SEEN_ENTITIES
         if SEEN_ENTITIES not in exclude and seen.exists():
             self._load_seen(seen.read_bytes())
-        self._check_loaded()
+        self._loaded()
         return self
 
     def to_bytes(self, *, exclude=SimpleFrozenList()):
@@ -638,7 +641,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         msg = srsly.msgpack_loads(bytes_data)
         if SEEN_ENTITIES not in exclude and SEEN_ENTITIES in msg:
             self._load_seen(msg[SEEN_ENTITIES])
-        self._check_loaded()
+        self._loaded()
         return self
 
     def _seen_bytes(self) -> bytes:
@@ -660,7 +663,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             f"config it was trained with."
         )
 
-    def _check_loaded(self) -> None:
+    def _loaded(self) -> None:
+        """After loading: a pipeline without a calibration map warns on its first entities,
+        and the constraints and labels must agree with the loaded model."""
+        self._warned_uncalibrated = False
         if not model_is_initialized(self.model):
             return
         self.constraints = self.constraints  # they must name the loaded labels

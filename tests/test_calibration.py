@@ -535,6 +535,25 @@ def test_a_pipeline_without_a_map_gives_raw_scores_and_warns_once(small_nlp, tmp
     assert _ents(docs[:-1]) == _ents(expected)
 
 
+def test_no_warning_about_the_map_while_training_but_once_after_loading(small_nlp, caplog):
+    """A pipeline being trained has no map until it is saved (the shipped configs fit one
+    then), so its evaluations in `spacy train` do not warn; loaded without one, here from
+    bytes into an initialized pipeline, it warns on its first entities."""
+    texts = [t for t, _ in TRAIN_DATA]
+    assert small_nlp.get_pipe("fsemicrf_ner").calibration is None
+    loaded = spacy.blank("en")
+    loaded.add_pipe("fsemicrf_ner", config={"model": small_model()})
+    loaded.initialize(lambda: make_examples(loaded))
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        assert any(doc.ents for doc in small_nlp.pipe(texts))
+        list(loaded.pipe(texts))  # initialized, not yet loaded
+        assert not [r for r in caplog.records if "calibration map" in r.getMessage()]
+        loaded.from_bytes(small_nlp.to_bytes())
+        list(loaded.pipe(texts))
+        list(loaded.pipe(texts))
+    assert len([r for r in caplog.records if "calibration map" in r.getMessage()]) == 1
+
+
 NOVELTY_MAP = {"method": "by_novelty",  # seen entities score 0.9, unseen ones 0.2
                "seen": {"method": "isotonic", "x": [0.5], "y": [0.9]},
                "unseen": {"method": "isotonic", "x": [0.5], "y": [0.2]}}
