@@ -203,7 +203,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.candidates_key = candidates_key
         self.constraints = constraints or []
         self._call_constraints: Tuple[Constraint, ...] = ()
-        self._warned_uncalibrated = False
+        self._warned_uncalibrated = False  # (initialize and loading set it)
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
         self.seen_entities = numpy.zeros((0,), dtype="uint64")
