@@ -31,10 +31,11 @@ from spacy_fsemicrf.structured.constraints import (
 )
 from spacy_fsemicrf.structured.lattice import lattice_search, topk
 from spacy_fsemicrf.structured.linear_crf import crf_viterbi, tag_scheme
-from spacy_fsemicrf.structured.pathsearch import search
+from spacy_fsemicrf.structured.pathsearch import ItemGraph, search
 from spacy_fsemicrf.structured.semicrf import semicrf_viterbi
 from spacy_fsemicrf.structured.spans import span_mask
 
+from .bruteforce import nonoverlapping_sets
 from .bruteforce_constraints import (
     crf_reference,
     filtered_reference,
@@ -480,6 +481,85 @@ def test_search_without_constraints_is_viterbi(seed):
     assert program.empty and program.automaton.trivial
     out = semicrf_constrained(scores, lengths, T, [DocConstraints(program)] * B)
     assert torch.equal(out.spans, spans) and out.reports == [None] * B
+
+
+def _random_item_graph(rng: random.Random):
+    """Items for :func:`search` on a document of up to 7 tokens: intervals in 1-3 channels,
+    some droppable, scores and transitions (some forbidden) each at a scale of 0, 1 or 30. All
+    zero, a drop must still cost; transitions far above the scores, the value of a drop must
+    still outweigh them; scores above the item count tell a score from an item index."""
+    length = rng.randint(0, 7)
+    n = rng.randint(0, 6) if length else 0
+    starts = numpy.array([rng.randrange(length) for _ in range(n)], dtype=numpy.int64)
+    ends = numpy.minimum(starts + numpy.array([rng.randint(0, 2) for _ in range(n)]), length - 1)
+    H = rng.randint(1, 3)
+    channels = lambda: numpy.array([rng.randrange(H) for _ in range(n)], dtype=numpy.int64)  # noqa: E731
+    scale = rng.choice([0.0, 1.0, 30.0])
+    scores = numpy.array([scale * rng.gauss(0, 1) for _ in range(n)])
+    droppable = numpy.array([rng.random() < 0.5 for _ in range(n)], dtype=bool)
+    graph = ItemGraph(starts, ends.astype(numpy.int64), numpy.zeros(n, dtype=numpy.int64),
+                      channels(), channels(), scores, length,
+                      droppable if rng.random() < 0.8 else None)
+    if rng.random() < 0.3:
+        return graph, None
+    t_scale = rng.choice([0.0, 1.0, 30.0])
+    T = numpy.array([[t_scale * rng.gauss(0, 1) for _ in range(H + 1)] for _ in range(H + 1)])
+    T[numpy.array([[rng.random() < 0.15 for _ in range(H + 1)] for _ in range(H + 1)])] = -numpy.inf
+    return graph, T
+
+
+def _ranked_paths(graph: ItemGraph, T) -> list:
+    """Every path of ``graph`` (non-overlapping items leaving no firm item in a gap) as
+    ``(drops, score)``, fewest drops first, then best score; forbidden ones left out."""
+    items = list(zip(graph.starts.tolist(), graph.ends.tolist()))
+    droppable = graph.droppable if graph.droppable is not None else [False] * len(items)
+    ranked = []
+    for chosen in nonoverlapping_sets(items):
+        gaps = [i for i in range(len(items)) if i not in chosen
+                and not any(items[i][0] <= items[j][1] and items[j][0] <= items[i][1] for j in chosen)]
+        if any(not droppable[i] for i in gaps):
+            continue
+        score = float(sum(graph.scores[i] for i in chosen))
+        if T is not None and chosen:
+            H = T.shape[0] - 1
+            rows = [H] + [int(graph.leave[i]) for i in chosen]
+            cols = [int(graph.enter[i]) for i in chosen] + [H]
+            score += float(sum(T[r, c] for r, c in zip(rows, cols)))
+        if score > -numpy.inf:
+            ranked.append((len(gaps), score))
+    return sorted(ranked, key=lambda p: (p[0], -p[1]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 10**6))
+@example(55)  # one droppable item: its path's transitions cost more than its score bounds
+def test_search_finds_the_k_best_paths_of_an_item_graph(seed):
+    """The k best paths of random item graphs against enumeration: fewest drops first, then
+    score, and fewer than k only where the graph has fewer."""
+    rng = random.Random(seed)
+    graph, T = _random_item_graph(rng)
+    k = rng.randint(1, 4)
+    want = _ranked_paths(graph, T)[:k]
+    found = search(graph, T, None, sentence_index(graph.length), k=k).paths
+    assert [p.drops for p in found] == [d for d, _ in want]
+    assert [p.score for p in found] == pytest.approx([s for _, s in want], abs=1e-9)
+
+
+def test_search_gives_one_best_path_by_default_and_the_automaton_states():
+    """Two overlapping items: one path unless k says more; the result counts the automaton's
+    states (1 without constraints); k below 1 is an error that says so."""
+    graph = ItemGraph(numpy.array([0, 0]), numpy.array([0, 1]), numpy.array([1, 1]),
+                      numpy.zeros(2, dtype=numpy.int64), numpy.zeros(2, dtype=numpy.int64),
+                      numpy.array([1.0, 2.0]), 2)
+    sentence = sentence_index(2)
+    found = search(graph, None, None, sentence)
+    assert [p.items for p in found.paths] == [(1,)] and found.states == 1
+    assert [p.items for p in search(graph, None, None, sentence, k=2).paths] == [(1,), (0,)]
+    automaton = compile_constraints([AtMost("A", 1)], ["A"]).automaton
+    found = search(graph, None, automaton, sentence)
+    assert [p.items for p in found.paths] == [(1,)] and found.states == automaton.n_states > 1
+    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
+        search(graph, None, None, sentence, k=0)
 
 
 def test_requires_in_sentence_scope():
