@@ -17,8 +17,11 @@ from spacy_fsemicrf.structured.constrained import (
 )
 from spacy_fsemicrf.structured.constraints import (
     MAX_STATES,
+    AtLeast,
     AtMost,
     DocConstraints,
+    Exactly,
+    Excludes,
     ForbidLabels,
     ForceSpan,
     Requires,
@@ -87,12 +90,13 @@ def test_dicts_round_trip():
         ({"kind": "at_most", "label": "A", "n": -1}, "non-negative"),
         ({"kind": "at_most", "label": "A", "n": 1.5}, "non-negative"),
         ({"kind": "at_most", "label": "A", "n": True}, "non-negative"),
-        ({"kind": "exactly", "label": "", "n": 1}, "label"),
+        ({"kind": "exactly", "label": "", "n": 1}, "^label must be a non-empty label name"),
         ({"kind": "at_most", "label": "A", "n": 1, "scope": "paragraph"}, "scope"),
         ({"kind": "excludes", "label": "A", "other": "A"}, "two different labels"),
         ({"kind": "requires", "label": "A"}, "requires"),
         ({"kind": "forbid_labels", "labels": "A"}, "list of label names"),
-        ({"kind": "forbid_labels", "labels": []}, "at least one label"),
+        ({"kind": "forbid_labels", "labels": []},
+         r"^labels must name at least one label \(leave it out for all\)$"),
         ({"kind": "forbid_labels", "start": 3, "end": 3}, "end must be after start"),
         ({"kind": "forbid_labels", "start": -1}, "non-negative token offset"),
         ({"kind": "force_span", "start": 2, "end": 1, "label": "A"}, "end must be after start"),
@@ -124,11 +128,49 @@ def test_invalid_against_labels():
         compile_constraints([{"kind": "requires", "label": "A", "other": "D"}], LABELS)
     with pytest.raises(ValueError, match="unknown label 'X'"):
         compile_constraints([{"kind": "forbid_labels", "labels": ["X"]}], LABELS)
-    with pytest.raises(ValueError, match="a list"):
+    with pytest.raises(ValueError, match="unknown label 'D'"):
+        compile_constraints([{"kind": "at_most", "label": "D", "n": 1}], LABELS)
+    with pytest.raises(ValueError, match="^constraints must be a list of constraints$"):
         parse_constraints({"kind": "at_most", "label": "A", "n": 1})
     many = [{"kind": "at_most", "label": x, "n": 9, "scope": "sentence"} for x in LABELS]
-    with pytest.raises(ValueError, match=f"more than {MAX_STATES} search states"):
+    too_many = (f"more than {MAX_STATES} search states; "
+                "use fewer count constraints or smaller counts$")
+    with pytest.raises(ValueError, match=too_many):
         compile_constraints(many, LABELS)
+    # the limit is exact: "at most n" takes n + 1 states
+    assert compile_constraints([AtMost("A", MAX_STATES - 1)], LABELS).automaton.n_states == MAX_STATES
+    with pytest.raises(ValueError, match=too_many):
+        compile_constraints([AtMost("A", MAX_STATES)], LABELS)
+
+
+@pytest.mark.parametrize(
+    "constraint, states",
+    [
+        (AtMost("A", 2), 3),  # 0, 1, 2 As
+        (Exactly("A", 2), 3),
+        (AtLeast("A", 2), 3),  # 0, 1, 2 or more
+        (Excludes("A", "B"), 3),  # neither, A seen, B seen
+        (Requires("A", "B"), 3),  # nothing, an A waiting for a B, a B seen
+    ],
+)
+def test_each_count_constraint_takes_its_fewest_states(constraint, states):
+    """The search's cost grows with the automaton's states: each constraint takes no more
+    than it needs."""
+    assert compile_constraints([constraint], LABELS).automaton.n_states == states
+
+
+def test_sentence_index():
+    """Token 0 always starts a sentence; starts outside the document's inner tokens change
+    nothing; the position after the last token counts as a sentence of its own."""
+    assert sentence_index(5, (2, 4)).tolist() == [0, 0, 1, 1, 2, 3]
+    assert sentence_index(5, (0, 2, 2, 5, 9, -1)).tolist() == [0, 0, 1, 1, 1, 2]
+    assert sentence_index(0, (0,)).tolist() == [0]
+
+
+def test_satisfies_reads_an_open_forbidden_range_to_the_document_end():
+    program = compile_constraints([ForbidLabels(["A"], 2, None)], LABELS)
+    assert not satisfies(program, [(4, 4, 1)], 5)  # an A on the last token
+    assert satisfies(program, [(4, 4, 2), (0, 1, 1)], 5)  # a B there, an A before the range
 
 
 # ----------------------------------------------------------------------------- automaton

@@ -236,7 +236,6 @@ class _Component:
     may end in a state; ``drops`` are the labels whose entities the constraint may want fewer
     of (in the filtered head, nodes of these labels may be left off a path)."""
 
-    n_states: int
     drops: Tuple[int, ...]
 
     def __init__(self, scope: str) -> None:
@@ -257,7 +256,6 @@ class _Counter(_Component):
         super().__init__(scope)
         self.label, self.lo, self.hi = label, lo, hi
         self.cap = hi if hi is not None else lo
-        self.n_states = self.cap + 1
         self.drops = (label,) if hi is not None else ()
 
     def step(self, state: int, label: int) -> int:
@@ -274,8 +272,6 @@ class _Counter(_Component):
 class _Excludes(_Component):
     """States: 0 neither seen, 1 ``a`` seen, 2 ``b`` seen."""
 
-    n_states = 3
-
     def __init__(self, a: int, b: int, scope: str) -> None:
         super().__init__(scope)
         self.a, self.b = a, b
@@ -291,8 +287,6 @@ class _Excludes(_Component):
 
 class _Requires(_Component):
     """States: 0 nothing, 1 an ``a`` waiting for a ``b``, 2 a ``b`` seen (satisfied)."""
-
-    n_states = 3
 
     def __init__(self, a: int, b: int, scope: str) -> None:
         super().__init__(scope)
@@ -329,7 +323,6 @@ class Automaton:
     combined: numpy.ndarray
     final: numpy.ndarray
     droppable: numpy.ndarray
-    has_sentences: bool
 
     @property
     def trivial(self) -> bool:
@@ -409,7 +402,7 @@ def _build_automaton(components: List[_Component], n_symbols: int) -> Automaton:
     for c in components:
         droppable[list(c.drops)] = True
     droppable[0] = False
-    return Automaton(S, delta, move, combined, final, droppable, bool(sentence_parts))
+    return Automaton(S, delta, move, combined, final, droppable)
 
 
 @lru_cache(maxsize=None)
