@@ -389,16 +389,21 @@ def test_filtered_forced_nodes_are_never_dropped():
 # ----------------------------------------------------------------------------- semi-CRF
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.integers(0, 10**6))
-def test_semicrf_matches_enumeration(seed):
-    rng = random.Random(seed)
+def _semicrf_problem(rng: random.Random):
+    """``(lengths [B], scores [B, L, K, M + 1], transitions or None)``, small and random."""
     B, L, K, M = rng.randint(1, 2), rng.randint(1, 5), rng.randint(1, 3), rng.randint(1, 2)
     gen = torch.Generator().manual_seed(rng.randrange(10**6))
     lengths = torch.randint(0, L + 1, (B,), generator=gen)
     scores = torch.randn((B, L, K, M + 1), generator=gen, dtype=torch.float64)
-    T = maybe_transitions(rng, gen, M + 2)
-    labels = LABELS[:M]
+    return lengths, scores, maybe_transitions(rng, gen, M + 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10**6))
+def test_semicrf_matches_enumeration(seed):
+    rng = random.Random(seed)
+    lengths, scores, T = _semicrf_problem(rng)
+    B, labels = len(lengths), LABELS[: scores.shape[-1] - 1]
     docs, refs = [], []
     for b in range(B):
         length = int(lengths[b])
@@ -424,6 +429,33 @@ def test_semicrf_matches_enumeration(seed):
             assert plain_ok(constraints, labels, mine, int(lengths[b]), starts)
             # the returned entities are those of a best constrained segmentation
             assert any(math.isclose(s, ref[0][0], abs_tol=TOL) and sp == mine for s, sp in ref)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 10**6))
+def test_lattice_search_finds_the_k_best_segmentations_under_count_constraints(seed):
+    """The k best semi-CRF segmentations that obey up to three count constraints (an
+    automaton of several states, one set for the batch, sentence starts per document) against
+    enumeration; one path unless k says more."""
+    rng = random.Random(seed)
+    lengths, scores, T = _semicrf_problem(rng)
+    B, L, K, C = scores.shape
+    labels, k = LABELS[: C - 1], rng.randint(1, 4)
+    constraints = random_constraints(rng, labels, L, rng.randint(1, 3), token_level=False)
+    starts = [random_sentence_starts(rng, int(n)) for n in lengths]
+    valid = numpy.stack([itemgraphs.semicrf_valid(int(n), (L, K, C))[0] for n in lengths])
+    sentence = numpy.stack([padded_sentence_index(int(n), L, s) for n, s in zip(lengths, starts)])
+    masked = numpy.where(valid, scores.numpy(), -numpy.inf)
+    T_np = None if T is None else T.numpy()
+    automaton = compile_constraints(constraints, labels).automaton
+    args = (masked, lengths.numpy(), T_np, numpy.arange(C), automaton, sentence)
+    found, best = lattice_search(*args, k=k), lattice_search(*args)
+    for b in range(B):
+        T_list = None if T is None else T.tolist()
+        ref = semicrf_reference(scores[b].tolist(), T_list, int(lengths[b]), constraints, labels,
+                                starts[b])
+        assert [x for x, _ in found[b]] == pytest.approx([x for x, _ in ref[:k]], abs=1e-9)
+        assert [x for x, _ in best[b]] == pytest.approx([x for x, _ in ref[:1]], abs=1e-9)
 
 
 # ----------------------------------------------------------------------------- linear CRF
@@ -852,5 +884,7 @@ def test_topk_is_the_k_largest_by_value_then_index(seed):
         want = sorted(range(n), key=lambda i: (-x[row, i], i))[:k]
         assert idx[row].tolist() == want
         assert values[row].tolist() == x[row, want].tolist()
-    with pytest.raises(ValueError, match="at least k"):
+    with pytest.raises(ValueError, match=f"^topk needs at least k = {n + 1} entries, got {n}$"):
         topk(x, n + 1)
+    with pytest.raises(ValueError, match=f"at least k = {n + 1} entries, got {n}$"):
+        topk(numpy.zeros((2, n + 2, n)), n + 1)  # the last axis counts
