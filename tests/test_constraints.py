@@ -513,6 +513,30 @@ def test_crf_force_span_is_one_entity(scheme_name):
     out = crf_constrained(emissions, T, torch.tensor([4]), scheme, docs, scheme.allowed)
     assert out.reports[0].status == "optimal"
     assert [1, 2, 1] in out.spans[:, 1:].tolist()
+    program = compile_constraints([ForceSpan(0, 3, "A")], ["A"])  # B I L in BILUO, B I I in BIO
+    out = crf_constrained(emissions, T, torch.tensor([4]), scheme, [DocConstraints(program)],
+                          scheme.allowed)
+    assert out.reports[0].status == "optimal" and [0, 2, 1] in out.spans[:, 1:].tolist()
+
+
+@pytest.mark.parametrize("head", ["filtered", "semicrf", "crf"])
+def test_forced_spans_that_share_a_token_are_infeasible(head):
+    """Two forced spans that overlap by one token cannot both be entities: every head reports
+    the set infeasible and keeps its unconstrained prediction."""
+    program = compile_constraints([ForceSpan(0, 2, "A"), ForceSpan(1, 3, "B")], ["A", "B"])
+    docs, lengths = [DocConstraints(program)], torch.tensor([4])
+    if head == "filtered":
+        nodes = filtered.NodeSet(torch.tensor([0]), torch.tensor([1]), torch.tensor([1.0]),
+                                 (1, 4, 2))
+        out = filtered_constrained(nodes, lengths, None, docs, global_scores=torch.zeros(1, 4, 2, 3))
+    elif head == "semicrf":
+        out = semicrf_constrained(torch.zeros((1, 4, 2, 3), dtype=torch.float64), lengths, None, docs)
+    else:
+        scheme = tag_scheme(2, "BIO")
+        emissions = torch.zeros((1, 4, scheme.n_tags), dtype=torch.float64)
+        T = torch.zeros((scheme.n_tags + 1, scheme.n_tags + 1), dtype=torch.float64)
+        out = crf_constrained(emissions, T, lengths, scheme, docs, scheme.allowed)
+    assert out.reports[0].status == "infeasible"
 
 
 # ----------------------------------------------------------------------------- no constraints
