@@ -106,6 +106,49 @@ def test_heads_on_cuda_match_cpu(name, word_pool):
         assert torch.allclose(one_cpu[1], one_gpu[1].cpu(), atol=1e-4)
 
 
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_constrained_decode_and_nbest_on_cuda_match_cpu(name):
+    """Constraints and n-best take the head's scores to the host: a head on the GPU gives the
+    CPU's entities, path probabilities, constraint reports and k best segmentations."""
+    from spacy_fsemicrf.structured.constraints import (
+        AtMost,
+        DocConstraints,
+        ForbidLabels,
+        ForceSpan,
+        compile_constraints,
+    )
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    torch.manual_seed(0)
+    head = HEADS[name](8, 3, max_width=4, hidden_width=16).eval()
+    if name == "FilteredSemiCRF":  # let the local classifier keep spans, so that there is a graph
+        with torch.no_grad():
+            head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
+    X, lengths = torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
+    labels = ["A", "B", "C"]
+    docs = [DocConstraints(compile_constraints([AtMost("A", 1, "sentence"),
+                                                ForbidLabels(["B"], 0, 5)], labels), (10,)),
+            DocConstraints(compile_constraints([ForceSpan(2, 5, "C")], labels)),
+            None]
+    options = DecodeOptions(path=True, constraints=docs)
+    with torch.no_grad():
+        cpu, nbest_cpu = head(X, lengths, options=options), head.nbest(X, lengths, 3)
+        head.cuda()
+        X, lengths = X.cuda(), lengths.cuda()
+        gpu, nbest_gpu = head(X, lengths, options=options), head.nbest(X, lengths, 3)
+    assert torch.equal(cpu.spans, gpu.spans.cpu())
+    assert torch.allclose(cpu.scores, gpu.scores.cpu(), atol=1e-4)
+    assert torch.allclose(cpu.path, gpu.path.cpu(), atol=1e-4)
+    assert [r and (r.status, r.searched, r.states, r.dropped) for r in cpu.reports] == \
+        [r and (r.status, r.searched, r.states, r.dropped) for r in gpu.reports]
+    assert cpu.reports[0].status != "satisfied" or cpu.reports[1].status != "satisfied"
+    for a, b in zip(cpu.reports[:2], gpu.reports[:2]):
+        assert a.score == pytest.approx(b.score, abs=1e-3)
+    assert [[s.spans for s in doc] for doc in nbest_cpu] == [[s.spans for s in doc] for doc in nbest_gpu]
+    assert [s.log_prob for doc in nbest_cpu for s in doc] == pytest.approx(
+        [s.log_prob for doc in nbest_gpu for s in doc], abs=1e-3)
+
+
 @pytest.mark.parametrize("mixed_precision", [False, True])
 def test_component_trains_and_predicts_on_the_gpu(mixed_precision):
     """The spaCy component through Thinc's GPU ops (needs CuPy): the shim puts the head on the
