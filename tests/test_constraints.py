@@ -539,6 +539,37 @@ def test_forced_spans_that_share_a_token_are_infeasible(head):
     assert out.reports[0].status == "infeasible"
 
 
+def test_crf_obeys_every_forbidden_range_and_needs_no_mask_of_allowed_transitions():
+    """Two forbidden ranges both hold (A strong everywhere, B next to it); the decode without
+    the scheme's mask of allowed transitions is the one with a mask that allows everything."""
+    scheme = tag_scheme(2, "BIO")
+    emissions = torch.zeros((1, 4, scheme.n_tags), dtype=torch.float64)
+    emissions[0, :, scheme.tag("B", 1)] = 5.0
+    emissions[0, :, scheme.tag("B", 2)] = 4.0
+    T = torch.zeros((scheme.n_tags + 1, scheme.n_tags + 1), dtype=torch.float64)
+    program = compile_constraints([ForbidLabels(["A"], 0, 2), ForbidLabels(["B"], 2, None)],
+                                  ["A", "B"])
+    docs, lengths = [DocConstraints(program)], torch.tensor([4])
+    out = crf_constrained(emissions, T, lengths, scheme, docs, scheme.allowed)
+    assert out.spans[:, 1:].tolist() == [[0, 0, 2], [1, 1, 2], [2, 2, 1], [3, 3, 1]]
+    unmasked = crf_constrained(emissions, T, lengths, scheme, docs)
+    everything = torch.ones_like(scheme.allowed)
+    assert torch.equal(unmasked.spans, crf_constrained(emissions, T, lengths, scheme, docs,
+                                                       everything).spans)
+
+
+def test_crf_token_left_without_a_tag_is_infeasible_without_a_search():
+    """A forced entity over a token where its label is forbidden leaves that token no tag:
+    the set is contradictory before any search (the other tokens still have tags)."""
+    scheme = tag_scheme(1, "BIO")
+    emissions = torch.zeros((1, 4, scheme.n_tags), dtype=torch.float64)
+    T = torch.zeros((scheme.n_tags + 1, scheme.n_tags + 1), dtype=torch.float64)
+    program = compile_constraints([ForceSpan(0, 3, "A"), ForbidLabels(["A"], 1, 2)], ["A"])
+    out = crf_constrained(emissions, T, torch.tensor([4]), scheme, [DocConstraints(program)],
+                          scheme.allowed)
+    assert (out.reports[0].status, out.reports[0].searched) == ("infeasible", False)
+
+
 # ----------------------------------------------------------------------------- no constraints
 
 
