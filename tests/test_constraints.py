@@ -539,6 +539,17 @@ def test_forced_spans_that_share_a_token_are_infeasible(head):
     assert out.reports[0].status == "infeasible"
 
 
+def test_semicrf_obeys_a_forbidden_range_beside_a_forced_span():
+    """A forced span must not lift the forbidden ranges: A scores best on every token, B is
+    forced on token 0 and A is forbidden on tokens 2-3, which take B."""
+    scores = torch.zeros((1, 4, 1, 3), dtype=torch.float64)  # [B, L, K, null + A + B]
+    scores[0, :, 0, 1], scores[0, :, 0, 2] = 5.0, 1.0
+    program = compile_constraints([ForceSpan(0, 1, "B"), ForbidLabels(["A"], 2, None)],
+                                  ["A", "B"])
+    out = semicrf_constrained(scores, torch.tensor([4]), None, [DocConstraints(program)])
+    assert out.spans[:, 1:].tolist() == [[0, 0, 2], [1, 1, 1], [2, 2, 2], [3, 3, 2]]
+
+
 def test_crf_obeys_every_forbidden_range_and_needs_no_mask_of_allowed_transitions():
     """Two forbidden ranges both hold (A strong everywhere, B next to it); the decode without
     the scheme's mask of allowed transitions is the one with a mask that allows everything."""
