@@ -205,7 +205,8 @@ def crf_span_probabilities(
 # ----------------------------------------------------------------------------- filtered graph
 
 
-def _overlap(a: Interval, b: Interval) -> bool:
+def overlap(a: Interval, b: Interval) -> bool:
+    """Whether two ``(start, end inclusive, ...)`` intervals share a token."""
     return a[0] <= b[1] and b[0] <= a[1]
 
 
@@ -234,7 +235,7 @@ def maximal_nonoverlapping_sets(nodes: List[Interval]) -> List[List[int]]:
     sorted lists of indices into ``nodes``. No nodes: the single empty set."""
     return [
         sorted(chosen) for chosen in nonoverlapping_sets(nodes)
-        if all(any(_overlap(nodes[k], nodes[c]) for c in chosen)
+        if all(any(overlap(nodes[k], nodes[c]) for c in chosen)
                for k in range(len(nodes)) if k not in chosen)
     ]
 

@@ -26,6 +26,7 @@ from spacy_fsemicrf.structured.constraints import (
 from .bruteforce import (
     entities_by_definition,
     nonoverlapping_sets,
+    overlap,
     segmentation_score,
     segmentations,
     tag_sequence_score,
@@ -139,10 +140,6 @@ def maybe_transitions(rng: random.Random, gen: torch.Generator, size: int):
     return torch.randn((size, size), generator=gen, dtype=torch.float64)
 
 
-def _overlap(a, b) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1]
-
-
 def droppable_labels(constraints: Sequence[Constraint], labels: Sequence[str]) -> set:
     """Label ids a constraint may want fewer of (the filtered head may leave their nodes off)."""
     out = set()
@@ -180,12 +177,12 @@ def filtered_reference(
         {(c.start, c.end - 1, ids[c.label]) for c in constraints if isinstance(c, ForceSpan)}
     )
     for i, f in enumerate(forces):
-        if f[1] >= length or f[1] - f[0] >= max_width or (i and _overlap(forces[i - 1], f)):
+        if f[1] >= length or f[1] - f[0] >= max_width or (i and overlap(forces[i - 1], f)):
             return None
         if not plain_ok(forbids, labels, [f], length):
             return None
         same = [v for v in V if v[:3] == f]
-        V = [v for v in V if not _overlap(v, f) or v[:3] == f]
+        V = [v for v in V if not overlap(v, f) or v[:3] == f]
         if not same:
             V.append(f + (force_score(*f),))
         forced.add(f)
@@ -195,7 +192,7 @@ def filtered_reference(
     for chosen in nonoverlapping_sets(V):
         path = [V[i] for i in chosen]
         outside = [
-            i for i in range(len(V)) if i not in chosen and not any(_overlap(V[i], p) for p in path)
+            i for i in range(len(V)) if i not in chosen and not any(overlap(V[i], p) for p in path)
         ]
         if any(not droppable[i] for i in outside):
             continue

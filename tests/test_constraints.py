@@ -38,7 +38,7 @@ from spacy_fsemicrf.structured.pathsearch import ItemGraph, search
 from spacy_fsemicrf.structured.semicrf import semicrf_viterbi
 from spacy_fsemicrf.structured.spans import span_mask
 
-from .bruteforce import nonoverlapping_sets
+from .bruteforce import nonoverlapping_sets, overlap
 from .bruteforce_constraints import (
     crf_reference,
     filtered_reference,
@@ -500,14 +500,20 @@ def test_crf_matches_enumeration(seed, scheme_name):
             assert mine in best
 
 
+def _flat_crf(scheme):
+    """``(emissions [1, 4, n_tags], transitions)`` of one 4-token document, all zero."""
+    n = scheme.n_tags
+    return (torch.zeros((1, 4, n), dtype=torch.float64),
+            torch.zeros((n + 1, n + 1), dtype=torch.float64))
+
+
 @pytest.mark.parametrize("scheme_name", ["BIO", "BILUO"])
 def test_crf_force_span_is_one_entity(scheme_name):
     """A forced span is exactly one entity: strong I tags around it neither extend it nor
     merge it with a neighbour."""
     scheme = tag_scheme(1, scheme_name)
-    emissions = torch.zeros((1, 4, scheme.n_tags), dtype=torch.float64)
+    emissions, T = _flat_crf(scheme)
     emissions[0, :, scheme.tag("I", 1)] = 5.0
-    T = torch.zeros((scheme.n_tags + 1, scheme.n_tags + 1), dtype=torch.float64)
     program = compile_constraints([ForceSpan(1, 3, "A")], ["A"])
     docs = [DocConstraints(program)]
     out = crf_constrained(emissions, T, torch.tensor([4]), scheme, docs, scheme.allowed)
@@ -533,8 +539,7 @@ def test_forced_spans_that_share_a_token_are_infeasible(head):
         out = semicrf_constrained(torch.zeros((1, 4, 2, 3), dtype=torch.float64), lengths, None, docs)
     else:
         scheme = tag_scheme(2, "BIO")
-        emissions = torch.zeros((1, 4, scheme.n_tags), dtype=torch.float64)
-        T = torch.zeros((scheme.n_tags + 1, scheme.n_tags + 1), dtype=torch.float64)
+        emissions, T = _flat_crf(scheme)
         out = crf_constrained(emissions, T, lengths, scheme, docs, scheme.allowed)
     assert out.reports[0].status == "infeasible"
 
@@ -554,10 +559,9 @@ def test_crf_obeys_every_forbidden_range_and_needs_no_mask_of_allowed_transition
     """Two forbidden ranges both hold (A strong everywhere, B next to it); the decode without
     the scheme's mask of allowed transitions is the one with a mask that allows everything."""
     scheme = tag_scheme(2, "BIO")
-    emissions = torch.zeros((1, 4, scheme.n_tags), dtype=torch.float64)
+    emissions, T = _flat_crf(scheme)
     emissions[0, :, scheme.tag("B", 1)] = 5.0
     emissions[0, :, scheme.tag("B", 2)] = 4.0
-    T = torch.zeros((scheme.n_tags + 1, scheme.n_tags + 1), dtype=torch.float64)
     program = compile_constraints([ForbidLabels(["A"], 0, 2), ForbidLabels(["B"], 2, None)],
                                   ["A", "B"])
     docs, lengths = [DocConstraints(program)], torch.tensor([4])
@@ -573,8 +577,7 @@ def test_crf_token_left_without_a_tag_is_infeasible_without_a_search():
     """A forced entity over a token where its label is forbidden leaves that token no tag:
     the set is contradictory before any search (the other tokens still have tags)."""
     scheme = tag_scheme(1, "BIO")
-    emissions = torch.zeros((1, 4, scheme.n_tags), dtype=torch.float64)
-    T = torch.zeros((scheme.n_tags + 1, scheme.n_tags + 1), dtype=torch.float64)
+    emissions, T = _flat_crf(scheme)
     program = compile_constraints([ForceSpan(0, 3, "A"), ForbidLabels(["A"], 1, 2)], ["A"])
     out = crf_constrained(emissions, T, torch.tensor([4]), scheme, [DocConstraints(program)],
                           scheme.allowed)
@@ -631,13 +634,14 @@ def _random_item_graph(rng: random.Random):
     length = rng.randint(0, 7)
     n = rng.randint(0, 6) if length else 0
     starts = numpy.array([rng.randrange(length) for _ in range(n)], dtype=numpy.int64)
-    ends = numpy.minimum(starts + numpy.array([rng.randint(0, 2) for _ in range(n)]), length - 1)
+    widths = numpy.array([rng.randint(0, 2) for _ in range(n)], dtype=numpy.int64)
+    ends = numpy.minimum(starts + widths, length - 1)
     H = rng.randint(1, 3)
     channels = lambda: numpy.array([rng.randrange(H) for _ in range(n)], dtype=numpy.int64)  # noqa: E731
     scale = rng.choice([0.0, 1.0, 30.0])
     scores = numpy.array([scale * rng.gauss(0, 1) for _ in range(n)])
     droppable = numpy.array([rng.random() < 0.5 for _ in range(n)], dtype=bool)
-    graph = ItemGraph(starts, ends.astype(numpy.int64), numpy.zeros(n, dtype=numpy.int64),
+    graph = ItemGraph(starts, ends, numpy.zeros(n, dtype=numpy.int64),
                       channels(), channels(), scores, length,
                       droppable if rng.random() < 0.8 else None)
     if rng.random() < 0.3:
@@ -655,8 +659,8 @@ def _ranked_paths(graph: ItemGraph, T) -> list:
     droppable = graph.droppable if graph.droppable is not None else [False] * len(items)
     ranked = []
     for chosen in nonoverlapping_sets(items):
-        gaps = [i for i in range(len(items)) if i not in chosen
-                and not any(items[i][0] <= items[j][1] and items[j][0] <= items[i][1] for j in chosen)]
+        gaps = [i for i in range(len(items))
+                if i not in chosen and not any(overlap(items[i], items[j]) for j in chosen)]
         if any(not droppable[i] for i in gaps):
             continue
         score = float(sum(graph.scores[i] for i in chosen))
