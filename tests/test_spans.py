@@ -4,6 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spacy_fsemicrf.structured import spans as spans_module
 from spacy_fsemicrf.structured.semiring import NEG, logsumexp
 from spacy_fsemicrf.structured.spans import (
     SPAN_REPRS,
@@ -12,6 +13,7 @@ from spacy_fsemicrf.structured.spans import (
     gold_label_grid,
     grid_chunks,
     overlap_mask,
+    running_sum,
     same_word_mean,
     span_mask,
     token_coverage,
@@ -264,3 +266,57 @@ def test_featurizer_gradient_matches_finite_differences(span_repr):
     with torch.no_grad():
         feat.width_emb.add_(10.0)
     assert torch.autograd.gradcheck(lambda x, doc: feat(x, doc), (x, doc))
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 5), (1, 40, 2), (4, 1, 3), (2, 0, 3)])
+@pytest.mark.parametrize("seed", range(3))
+def test_running_sum_is_cumsum_bit_for_bit(monkeypatch, shape, seed):
+    # float64 sums of float32 entries from +0, rounded at each position, as PyTorch's kernel;
+    # the thresholds are lowered so that these small batches take the NumPy loop
+    monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_LENGTH", 1)
+    monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_ROW", 1)
+    gen = torch.Generator().manual_seed(seed)
+    wide = torch.randn(shape[:2] + (2 * shape[2],), generator=gen)
+    wide = wide * torch.rand(wide.shape, generator=gen).pow(8) * 1e4  # magnitudes far apart
+    x = wide[..., shape[2]:]  # a strided view, as the featurizer passes
+    if x.numel():
+        x[0, 0, 0] = -0.0  # the kernel's sum starts at +0: -0 comes out +0
+        x[-1, :, -1] = 0.0
+        x[0, -1, -1] = float("inf")
+    with torch.inference_mode():
+        got = running_sum(x)
+        want = x.cumsum(1)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_running_sum_keeps_the_kernel_under_autograd_and_for_short_documents(monkeypatch):
+    x = torch.randn(40, 120, 64, requires_grad=True)
+    out = running_sum(x)
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.arange(120, 0, -1.0).view(1, -1, 1).expand_as(x))
+    calls = []
+    monkeypatch.setattr(spans_module.numpy, "add", lambda *a, **k: calls.append(1))
+    with torch.inference_mode():
+        running_sum(torch.randn(40, spans_module.RUNNING_SUM_MIN_LENGTH - 1, 64))
+        running_sum(torch.randn(1, 500, spans_module.RUNNING_SUM_MIN_ROW - 1))
+    assert calls == []
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("span_repr", SPAN_REPRS)
+def test_featurizer_predicts_what_it_trains_on_bit_for_bit(monkeypatch, span_repr, padded):
+    # prediction builds the sum terms with out= ops and the NumPy running sum, training with
+    # ops autograd records: the same float32 representations either way
+    monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_LENGTH", 1)
+    monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_ROW", 1)
+    torch.manual_seed(0)
+    feat = SpanFeaturizer(6, 5, 4, span_repr, doc_vector=True)
+    x = torch.randn(3, 9, 6)
+    if padded:
+        x[1, 6:] = 0.0
+    doc = torch.randn(3, 6)
+    trained = feat(x.clone().requires_grad_(), doc)
+    with torch.inference_mode():
+        predicted = feat(x, doc)
+    assert torch.equal(predicted, trained.detach())
