@@ -6,7 +6,8 @@ import torch
 
 from spacy_fsemicrf.structured import heads as heads_module
 from spacy_fsemicrf.structured.context import TokenContext
-from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead, LinearCRFHead
+from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
+from spacy_fsemicrf.structured.semiring import NEG
 from spacy_fsemicrf.structured.spans import span_mask
 
 D, M, K = 8, 3, 4
@@ -314,6 +315,62 @@ def test_filtered_head_settings_reach_its_layers():
     featurizer = other.scorer.featurizer
     assert featurizer.norm is not None and featurizer.doc_proj is not None
     assert other.context.lstm is not None and other.transitions.shape == (M + 2, M + 2)
+
+
+def test_semicrf_head_settings_reach_its_layers():
+    """The documented defaults, and each setting where it acts."""
+    head = SemiCRFHead(D, M)
+    assert (head.max_width, head.n_labels) == (10, M) and head.transitions.shape == (M + 2, M + 2)
+    featurizer = head.scorer.featurizer
+    assert head.scorer.output.in_features == 128 and featurizer.width_emb.shape == (10, 128)
+    assert featurizer.span_repr == "sum_endpoints_neighbors" and head.scorer.output.out_features == M + 1
+    assert featurizer.norm is None and featurizer.doc_proj is None
+    assert head.context.lstm is None and head.word_pool.proj is None
+    other = SemiCRFHead(D, M, max_width=3, hidden_width=6, span_repr="sum", transitions=False,
+                        span_norm=True, doc_vector=True, context_depth=1, word_pool=True)
+    featurizer = other.scorer.featurizer
+    assert other.max_width == 3 and featurizer.width_emb.shape == (3, 6) and featurizer.span_repr == "sum"
+    assert other.transitions is None and featurizer.norm is not None and featurizer.doc_proj is not None
+    assert other.context.lstm is not None and other.word_pool.proj is not None
+
+
+def test_linear_crf_head_settings_reach_its_layers():
+    head = LinearCRFHead(D, M)
+    assert (head.max_width, head.n_labels, head.scheme.scheme) == (10, M, "BIO")
+    n_tags = 2 * M + 1
+    assert head.transitions.shape == (n_tags + 1, n_tags + 1)
+    assert head.emitter[1].out_features == 128 and head.emitter[-1].out_features == n_tags
+    assert head.context.lstm is None and head.word_pool.proj is None
+    # the allowed transitions follow from the scheme: not saved with the weights
+    assert "allowed" not in head.state_dict() and torch.equal(head.allowed, head.scheme.allowed)
+    other = LinearCRFHead(D, M, max_width=3, hidden_width=6, scheme="BILUO", context_depth=1,
+                          word_pool=True)
+    assert other.max_width == 3 and other.scheme.scheme == "BILUO" and other.emitter[1].out_features == 6
+    assert other.transitions.shape == (4 * M + 2, 4 * M + 2)
+    assert other.context.lstm is not None and other.word_pool.proj is not None
+
+
+def test_linear_crf_emissions_are_a_gelu_layer_with_dropout_while_training():
+    torch.manual_seed(0)
+    head = LinearCRFHead(D, M, hidden_width=16, dropout=0.5).eval()
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 3])
+    hidden, out = head.emitter[1], head.emitter[3]
+    want = out(torch.nn.functional.gelu(hidden(X)))
+    assert torch.allclose(head.emissions(X, lengths), want, atol=1e-6)
+    head.train()
+    assert not torch.equal(head.emissions(X, lengths), head.emissions(X, lengths))
+
+
+def test_semicrf_span_scores_hold_neg_exactly_where_no_segment_can_be():
+    # past a document's end, and null segments wider than one token
+    torch.manual_seed(0)
+    head = SemiCRFHead(D, M, max_width=K).eval()
+    X, lengths = torch.randn(2, 6, D), torch.tensor([6, 4])
+    with torch.no_grad():
+        scores = head.span_scores(X, lengths)
+    possible = span_mask(lengths, 6, K).unsqueeze(-1).repeat(1, 1, 1, M + 1)
+    possible[:, :, 1:, 0] = False
+    assert (scores[~possible] == NEG).all() and (scores[possible] > NEG / 2).all()
 
 
 @pytest.mark.parametrize("name", ["FilteredSemiCRF", "SemiCRF"])
