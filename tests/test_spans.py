@@ -303,13 +303,17 @@ def test_running_sum_keeps_the_kernel_under_autograd_and_for_short_documents(mon
     assert calls == []
 
 
+@pytest.mark.parametrize("large", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("span_repr", SPAN_REPRS)
-def test_featurizer_predicts_what_it_trains_on_bit_for_bit(monkeypatch, span_repr, padded):
-    # prediction builds the sum terms with out= ops and the NumPy running sum, training with
-    # ops autograd records: the same float32 representations either way
-    monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_LENGTH", 1)
-    monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_ROW", 1)
+def test_featurizer_predicts_what_it_trains_on_bit_for_bit(monkeypatch, span_repr, padded, large):
+    # prediction on large tensors (the thresholds lowered to this small batch) builds the sum
+    # terms with out= ops and the NumPy running sum, training with ops autograd records: the
+    # same float32 representations either way
+    if large:
+        monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_LENGTH", 1)
+        monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_ROW", 1)
+        monkeypatch.setattr(spans_module, "ONE_PASS_MIN_ENTRIES", 1)
     torch.manual_seed(0)
     feat = SpanFeaturizer(6, 5, 4, span_repr, doc_vector=True)
     x = torch.randn(3, 9, 6)

@@ -12,10 +12,12 @@ import numpy
 import torch
 from torch import nn
 
-# Where :func:`running_sum` leaves PyTorch's kernel: from this many positions and this many
-# entries per position (documents times features), on this machine's one thread
+# Where :func:`running_sum` leaves PyTorch's kernel (timed on one CPU thread): from this many
+# positions and this many entries per position (documents times features)
 RUNNING_SUM_MIN_LENGTH = 100
 RUNNING_SUM_MIN_ROW = 2048
+# From this many entries the sum featurizers' terms take one pass per sum (see _prefix_terms)
+ONE_PASS_MIN_ENTRIES = 2**20
 
 SPAN_REPRS = (
     "endpoints",
@@ -254,26 +256,35 @@ def _prefix_terms(
     ``starts[i] = cumsum[i - 1] - (start[i] + before[i - 1])`` (terms past the edges are 0).
 
     Each term is written into one buffer: the shifted neighbour terms, the prefix sums and the
-    window padding need no zero-padded copies, and without autograd each sum is one pass over
-    these ``[B, L, H]`` tensors (same values as adding the terms one by one, up to the sign
-    of a zero)."""
+    window padding need no zero-padded copies, and in prediction on large tensors each sum is
+    one pass over these ``[B, L, H]`` tensors (same values as adding the terms one by one, up
+    to the sign of a zero)."""
     B, L, H = cumsum.shape
+    # one pass per sum (out=), where autograd does not record the ops and the tensors are large
+    # enough that a pass costs more than the extra operator calls (a short document at a time)
+    fused = cumsum.numel() >= ONE_PASS_MIN_ENTRIES and not _differentiable(
+        cumsum, start, end, before, after)
     padded = cumsum.new_empty((B, L + max_width, H))
     padded[:, L:].zero_()
     ends = padded[:, :L]
     if end is None:
         ends.copy_(cumsum)
-    elif after is None:
-        _add_into(ends, end, cumsum)
+    elif fused and after is None:
+        torch.add(end, cumsum, out=ends)
     else:
-        _add_into(ends[:, :-1], end[:, :-1], after[:, 1:])
-        ends[:, -1:].copy_(end[:, -1:])
+        if fused:
+            torch.add(end[:, :-1], after[:, 1:], out=ends[:, :-1])
+            ends[:, -1:].copy_(end[:, -1:])
+        else:
+            ends.copy_(end)
+            if after is not None:
+                ends[:, :-1].add_(after[:, 1:])
         ends += cumsum
     if start is None:
         starts = cumsum.new_empty((B, L, H))
         starts[:, :1].zero_()
         starts[:, 1:].copy_(cumsum[:, :-1])
-    elif _differentiable(cumsum, start, before):
+    elif not fused:
         # -(start + before) = -start - before exactly (rounding is symmetric in the sign)
         starts = torch.neg(start)
         if before is not None:
@@ -295,15 +306,6 @@ def _differentiable(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether autograd records an op on ``tensors`` (None ones aside), which rules out
     ``out=``."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _add_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``out = a + b``; one pass where autograd does not record it."""
-    if _differentiable(a, b):
-        out.copy_(a)
-        out.add_(b)
-    else:
-        torch.add(a, b, out=out)
 
 
 def running_sum(x: torch.Tensor) -> torch.Tensor:
