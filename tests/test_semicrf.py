@@ -208,6 +208,20 @@ def test_viterbi_output_format_and_gold_score_of_decoded_path(problem):
     assert torch.allclose(semicrf_gold_score(scores, lengths, spans, T), best, atol=1e-10)
 
 
+def test_segment_mask_is_its_definition():
+    # inside the document, and a null segment one token wide; the random problems above are
+    # built with this mask, so it is checked against the definition itself
+    lengths = torch.tensor([5, 2, 0, 4])
+    L, K, C = 5, 3, 4
+    mask = segment_mask(lengths, L, K, C)
+    assert mask.shape == (4, L, K, C) and mask.dtype == torch.bool
+    for b, n in enumerate(lengths.tolist()):
+        for i in range(L):
+            for w in range(K):
+                for c in range(C):
+                    assert bool(mask[b, i, w, c]) == (i + w < n and (c > 0 or w == 0))
+
+
 def test_zero_transitions_equal_no_transitions():
     lengths, scores, _ = random_problem(7, 3, 6, 3, 4)
     zeros = torch.zeros((5, 5), dtype=DTYPE)
