@@ -303,6 +303,20 @@ def test_running_sum_keeps_the_kernel_under_autograd_and_for_short_documents(mon
     assert calls == []
 
 
+def test_running_sum_takes_numpy_rows_from_its_thresholds_on(monkeypatch):
+    # the bounds themselves take the NumPy loop; float64 keeps the kernel (and its dtype)
+    calls = []
+    add = spans_module.numpy.add
+    monkeypatch.setattr(spans_module.numpy, "add", lambda *a, **k: calls.append(1) or add(*a, **k))
+    length, row = spans_module.RUNNING_SUM_MIN_LENGTH, spans_module.RUNNING_SUM_MIN_ROW
+    x = torch.randn(2, length, row // 2)
+    with torch.inference_mode():
+        assert torch.equal(running_sum(x), x.cumsum(1)) and len(calls) == length
+        wide = x.double()
+        out = running_sum(wide)
+    assert out.dtype == torch.float64 and torch.equal(out, wide.cumsum(1)) and len(calls) == length
+
+
 @pytest.mark.parametrize("large", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("span_repr", SPAN_REPRS)
