@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from spacy_fsemicrf.structured import heads as heads_module
-from spacy_fsemicrf.structured.context import TokenContext
+from spacy_fsemicrf.structured.context import TokenContext, WordPool
 from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 from spacy_fsemicrf.structured.semiring import NEG
 from spacy_fsemicrf.structured.spans import span_mask
@@ -266,6 +266,24 @@ def test_context_reads_each_document_alone():
         TokenContext(D, depth=-1)
 
 
+def test_word_pool_adds_the_projected_mean_of_each_words_mentions():
+    torch.manual_seed(0)
+    pool = WordPool(4, enabled=True)
+    X = torch.randn(2, 5, 4)
+    X[1, 3:] = 0.0  # padding
+    words = torch.tensor([[7, 3, 7, 7, 1], [3, 3, 2, 9, 9]])
+    lengths = torch.tensor([5, 3])
+    got = pool(X, lengths, words)
+    P = pool.proj.weight
+    for b in range(2):
+        n = int(lengths[b])
+        for i in range(n):
+            same = [j for j in range(n) if words[b, j] == words[b, i]]
+            want = X[b, i] + P @ X[b, same].mean(0)
+            assert torch.allclose(got[b, i], want, atol=1e-6)
+    assert (got[1, 3:] == 0).all()
+
+
 def test_context_widths_layers_and_edge_lengths():
     """D // 2 units per direction (at least one), one LSTM layer per unit of depth, the identity
     by default; an empty batch, a one-token document and a batch shorter than its padding keep
@@ -488,7 +506,8 @@ def test_exact_loss_adds_the_semicrf_loss_of_the_global_scores(null_tokens):
         FilteredSemiCRFHead(5, 2, exact_loss=-1.0)
 
 
-def test_focal_gamma_weighs_each_local_term_by_one_minus_its_gold_probability():
+@pytest.mark.parametrize("gamma", [2.0, 0.5])
+def test_focal_gamma_weighs_each_local_term_by_one_minus_its_gold_probability(gamma):
     """With focal_gamma = g the loss changes by the sum over candidate spans of
     weight * ((1 - p)^g - 1) * (-log p), p the local probability of the span's gold label,
     weight 1 for gold spans and null_weight for the others; the global loss is unchanged."""
@@ -499,7 +518,7 @@ def test_focal_gamma_weighs_each_local_term_by_one_minus_its_gold_probability():
     plain = FilteredSemiCRFHead(5, 2, max_width=3, hidden_width=8, dropout=0.0,
                                 null_weight=0.6).eval()
     focal = FilteredSemiCRFHead(5, 2, max_width=3, hidden_width=8, dropout=0.0,
-                                null_weight=0.6, focal_gamma=2.0).eval()
+                                null_weight=0.6, focal_gamma=gamma).eval()
     focal.load_state_dict(plain.state_dict())
     local, _ = plain.span_scores(X, lengths)
     logp = local.detach().double().log_softmax(-1)
@@ -511,7 +530,7 @@ def test_focal_gamma_weighs_each_local_term_by_one_minus_its_gold_probability():
                 label = golds.get((b, i, j), 0)
                 lp = float(logp[b, i, j - i, label])
                 weight = 1.0 if label else 0.6
-                want += weight * ((1 - math.exp(lp)) ** 2 - 1) * -lp
+                want += weight * ((1 - math.exp(lp)) ** gamma - 1) * -lp
     got = float((focal(X, lengths, gold) - plain(X, lengths, gold)).detach())
     assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-4)
     loss = focal(X, lengths, gold)

@@ -8,7 +8,12 @@ import torch
 
 from spacy_fsemicrf.structured import filtered
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead
-from spacy_fsemicrf.structured.mean_field import MeanFieldRefiner, node_edges, node_features
+from spacy_fsemicrf.structured.mean_field import (
+    MeanFieldRefiner,
+    attention_weights,
+    node_edges,
+    node_features,
+)
 from spacy_fsemicrf.structured.spans import gold_label_grid
 
 
@@ -261,3 +266,17 @@ def test_a_pipeline_with_mean_field_learns_saves_and_loads(tmp_path):
     assert predicted_set(loaded.pipe(texts)) == predicted_set(docs)
     scores = [s for d in loaded.pipe(texts) for s in d.spans["fsemicrf"].attrs["scores"]]
     assert scores == [s for d in docs for s in d.spans["fsemicrf"].attrs["scores"]]
+
+
+def test_attention_weights_are_each_nodes_softmax_even_for_large_scores():
+    # scaled dot products in the hundreds: the softmax subtracts each node's top score first
+    gen = torch.Generator().manual_seed(0)
+    query, key = 30 * torch.randn((4, 8), generator=gen), 30 * torch.randn((4, 8), generator=gen)
+    src = torch.tensor([0, 0, 0, 1, 1, 3])
+    dst = torch.tensor([1, 2, 3, 0, 2, 0])
+    got = attention_weights(query, key, src, dst, 4)
+    logits = (query[src] * key[dst]).sum(-1) / math.sqrt(8)
+    assert logits.abs().max() > 100
+    for node in (0, 1, 3):
+        edges = src == node
+        assert torch.allclose(got[edges], torch.softmax(logits[edges], 0))
