@@ -540,6 +540,22 @@ def test_focal_gamma_weighs_each_local_term_by_one_minus_its_gold_probability(ga
         FilteredSemiCRFHead(5, 2, focal_gamma=-1.0)
 
 
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_prediction_holds_only_what_its_options_ask_for(name):
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K, hidden_width=16).eval()
+    X, lengths, _ = toy_batch(seed=2, B=3, L=8)
+    with torch.no_grad():
+        bare = head(X, lengths, options=DecodeOptions())
+        path = head(X, lengths, options=DecodeOptions(path=True))
+        candidates = head(X, lengths, options=DecodeOptions(candidates=True))
+    assert (bare.path, bare.candidates, bare.reports) == (None, None, None)
+    assert path.path.shape == (3,) and (path.candidates, path.reports) == (None, None)
+    assert candidates.candidates is not None and (candidates.path, candidates.reports) == (None, None)
+
+
 @pytest.mark.parametrize("options", [None, "candidates"])
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_inference_mode_predicts_as_no_grad_and_training_goes_on_after_it(name, options):
