@@ -7,6 +7,7 @@ import torch
 from spacy_fsemicrf.structured import heads as heads_module
 from spacy_fsemicrf.structured.context import TokenContext, WordPool
 from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
+from spacy_fsemicrf.structured.prediction import DecodeOptions
 from spacy_fsemicrf.structured.semiring import NEG
 from spacy_fsemicrf.structured.spans import span_mask
 
@@ -542,8 +543,6 @@ def test_focal_gamma_weighs_each_local_term_by_one_minus_its_gold_probability(ga
 
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_a_prediction_holds_only_what_its_options_ask_for(name):
-    from spacy_fsemicrf.structured.prediction import DecodeOptions
-
     torch.manual_seed(0)
     head = HEADS[name](D, M, max_width=K, hidden_width=16).eval()
     X, lengths, _ = toy_batch(seed=2, B=3, L=8)
@@ -562,8 +561,6 @@ def test_inference_mode_predicts_as_no_grad_and_training_goes_on_after_it(name, 
     """Pipelines predict under torch.inference_mode: the same entities, confidences, path
     probabilities and candidates as under no_grad, and a later training step on a batch of
     the same shape (whose cached grids prediction made) still has gradients."""
-    from spacy_fsemicrf.structured.prediction import DecodeOptions
-
     torch.manual_seed(1)
     # a shape of its own, so that inference mode is the first to fill the shape's caches
     X, lengths, gold = toy_batch(seed=3, B=5, L=17)

@@ -268,13 +268,27 @@ def test_featurizer_gradient_matches_finite_differences(span_repr):
     assert torch.autograd.gradcheck(lambda x, doc: feat(x, doc), (x, doc))
 
 
+def _every_batch_large(monkeypatch):
+    """Thresholds lowered so that small test batches take prediction's large-batch paths (the
+    NumPy running sum and the one-pass sums)."""
+    for name in ("RUNNING_SUM_MIN_LENGTH", "RUNNING_SUM_MIN_ROW", "ONE_PASS_MIN_ENTRIES"):
+        monkeypatch.setattr(spans_module, name, 1)
+
+
+def _numpy_adds(monkeypatch):
+    """A list that grows by one for each ``numpy.add`` the running sum calls."""
+    calls = []
+    add = spans_module.numpy.add
+    monkeypatch.setattr(spans_module.numpy, "add", lambda *a, **k: calls.append(1) or add(*a, **k))
+    return calls
+
+
 @pytest.mark.parametrize("shape", [(3, 7, 5), (1, 40, 2), (4, 1, 3), (2, 0, 3)])
 @pytest.mark.parametrize("seed", range(3))
 def test_running_sum_is_cumsum_bit_for_bit(monkeypatch, shape, seed):
     # float64 sums of float32 entries from +0, rounded at each position, as PyTorch's kernel;
     # the thresholds are lowered so that these small batches take the NumPy loop
-    monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_LENGTH", 1)
-    monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_ROW", 1)
+    _every_batch_large(monkeypatch)
     gen = torch.Generator().manual_seed(seed)
     wide = torch.randn(shape[:2] + (2 * shape[2],), generator=gen)
     wide = wide * torch.rand(wide.shape, generator=gen).pow(8) * 1e4  # magnitudes far apart
@@ -295,8 +309,7 @@ def test_running_sum_keeps_the_kernel_under_autograd_and_for_short_documents(mon
     out = running_sum(x)
     out.sum().backward()
     assert torch.equal(x.grad, torch.arange(120, 0, -1.0).view(1, -1, 1).expand_as(x))
-    calls = []
-    monkeypatch.setattr(spans_module.numpy, "add", lambda *a, **k: calls.append(1))
+    calls = _numpy_adds(monkeypatch)
     with torch.inference_mode():
         running_sum(torch.randn(40, spans_module.RUNNING_SUM_MIN_LENGTH - 1, 64))
         running_sum(torch.randn(1, 500, spans_module.RUNNING_SUM_MIN_ROW - 1))
@@ -305,9 +318,7 @@ def test_running_sum_keeps_the_kernel_under_autograd_and_for_short_documents(mon
 
 def test_running_sum_takes_numpy_rows_from_its_thresholds_on(monkeypatch):
     # the bounds themselves take the NumPy loop; float64 keeps the kernel (and its dtype)
-    calls = []
-    add = spans_module.numpy.add
-    monkeypatch.setattr(spans_module.numpy, "add", lambda *a, **k: calls.append(1) or add(*a, **k))
+    calls = _numpy_adds(monkeypatch)
     length, row = spans_module.RUNNING_SUM_MIN_LENGTH, spans_module.RUNNING_SUM_MIN_ROW
     x = torch.randn(2, length, row // 2)
     with torch.inference_mode():
@@ -325,9 +336,7 @@ def test_featurizer_predicts_what_it_trains_on_bit_for_bit(monkeypatch, span_rep
     # terms with out= ops and the NumPy running sum, training with ops autograd records: the
     # same float32 representations either way
     if large:
-        monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_LENGTH", 1)
-        monkeypatch.setattr(spans_module, "RUNNING_SUM_MIN_ROW", 1)
-        monkeypatch.setattr(spans_module, "ONE_PASS_MIN_ENTRIES", 1)
+        _every_batch_large(monkeypatch)
     torch.manual_seed(0)
     feat = SpanFeaturizer(6, 5, 4, span_repr, doc_vector=True)
     x = torch.randn(3, 9, 6)

@@ -260,25 +260,24 @@ def _prefix_terms(
     one pass over these ``[B, L, H]`` tensors (same values as adding the terms one by one, up
     to the sign of a zero)."""
     B, L, H = cumsum.shape
-    # one pass per sum (out=), where autograd does not record the ops and the tensors are large
-    # enough that a pass costs more than the extra operator calls (a short document at a time)
-    fused = cumsum.numel() >= ONE_PASS_MIN_ENTRIES and not _differentiable(
-        cumsum, start, end, before, after)
+    # one pass per sum (out=, which autograd cannot record: prediction only), where the tensors
+    # are large enough that a pass costs more than the extra operator calls
+    fused = not torch.is_grad_enabled() and cumsum.numel() >= ONE_PASS_MIN_ENTRIES
     padded = cumsum.new_empty((B, L + max_width, H))
     padded[:, L:].zero_()
     ends = padded[:, :L]
     if end is None:
         ends.copy_(cumsum)
-    elif fused and after is None:
+    elif not fused:
+        ends.copy_(end)
+        if after is not None:
+            ends[:, :-1].add_(after[:, 1:])
+        ends += cumsum
+    elif after is None:
         torch.add(end, cumsum, out=ends)
     else:
-        if fused:
-            torch.add(end[:, :-1], after[:, 1:], out=ends[:, :-1])
-            ends[:, -1:].copy_(end[:, -1:])
-        else:
-            ends.copy_(end)
-            if after is not None:
-                ends[:, :-1].add_(after[:, 1:])
+        torch.add(end[:, :-1], after[:, 1:], out=ends[:, :-1])
+        ends[:, -1:].copy_(end[:, -1:])
         ends += cumsum
     if start is None:
         starts = cumsum.new_empty((B, L, H))
@@ -302,12 +301,6 @@ def _prefix_terms(
     return padded, starts
 
 
-def _differentiable(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether autograd records an op on ``tensors`` (None ones aside), which rules out
-    ``out=``."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def running_sum(x: torch.Tensor) -> torch.Tensor:
     """``x.cumsum(1)`` of a ``[B, L, H]`` tensor, bit for bit.
 
@@ -316,7 +309,7 @@ def running_sum(x: torch.Tensor) -> torch.Tensor:
     same float64 sums a whole ``[B, H]`` row of positions at a time in NumPy, 1.5 to 2 times
     as fast there (slower on short or few documents, which keep the kernel)."""
     B, L, H = x.shape
-    if (_differentiable(x) or x.device.type != "cpu" or x.dtype != torch.float32
+    if (torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32
             or L < RUNNING_SUM_MIN_LENGTH or B * H < RUNNING_SUM_MIN_ROW):
         return x.cumsum(1)
     src = x.detach().numpy()
