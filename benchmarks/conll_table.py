@@ -30,9 +30,6 @@ ROWS = [("CNN", "fsemicrf"), ("CNN", "fsemicrf-bs0.2"), ("CNN", "semicrf"), ("CN
         ("CNN", "ner"), ("CNN", "spancat"),
         ("MiniLM", "fsemicrf"), ("MiniLM", "semicrf"), ("MiniLM", "crf"), ("MiniLM", "ner")]
 SPEED_FILES = {"CNN": ("speed_cnn.json", ""), "MiniLM": ("speed_trf.json", "-trf")}
-# rows whose model has another name in the speed table: there "fsemicrf" is the seed-0 model
-# trained with boundary_smoothing 0.2, "fsemicrf-v3" the seed-0 model of the present config
-SPEED_NAMES = {("CNN", "fsemicrf"): "fsemicrf-v3", ("CNN", "fsemicrf-bs0.2"): "fsemicrf"}
 
 
 def f1_by_seed(runs: List[Dict[str, Any]], encoder: str, pipeline: str, split: str) -> Dict[str, float]:
@@ -52,7 +49,7 @@ def relative_speed(encoder: str, pipeline: str) -> Optional[Dict[str, Any]]:
     name, suffix = SPEED_FILES[encoder]
     data = json.loads((RESULTS / name).read_text())
     speed = data["speed"]
-    own = speed.get(SPEED_NAMES.get((encoder, pipeline), pipeline) + suffix)
+    own = speed.get(pipeline + suffix)
     ner = speed.get("ner" + suffix)
     if own is None or ner is None:
         return None
