@@ -41,6 +41,7 @@ from spacy_fsemicrf.structured.spans import span_mask
 from .bruteforce import nonoverlapping_sets, overlap
 from .bruteforce_constraints import (
     crf_reference,
+    droppable_labels,
     filtered_reference,
     plain_ok,
     maybe_transitions,
@@ -198,6 +199,26 @@ def test_automaton_matches_counting(seed):
         program = compile_constraints(subset, labels)
         expected = plain_ok(subset, labels, spans, length, starts)
         assert satisfies(program, spans, length, starts) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10**6))
+def test_automaton_droppable_labels_are_those_a_constraint_may_want_fewer_of(seed):
+    """The labels whose nodes a filtered path may leave out: each "at most" and "exactly"
+    label, both labels of an "excludes", the first of a "requires"; never null, nor a label
+    only asked for "at least" (leaving its nodes out never helps)."""
+    rng = random.Random(seed)
+    labels = LABELS[: rng.randint(1, 3)]
+    constraints = random_constraints(rng, labels, rng.randint(1, 9), rng.randint(1, 4), True)
+    droppable = compile_constraints(constraints, labels).automaton.droppable
+    assert set(numpy.flatnonzero(droppable).tolist()) == droppable_labels(constraints, labels)
+    assert droppable.shape == (len(labels) + 1,)
+
+
+def test_an_at_least_label_is_not_droppable():
+    assert not compile_constraints([AtLeast("A", 2)], LABELS).automaton.droppable.any()
+    program = compile_constraints([AtLeast("A", 1), AtMost("B", 1)], LABELS)
+    assert program.automaton.droppable.tolist() == [False, False, True, False]
 
 
 # ----------------------------------------------------------------------------- filtered
@@ -958,3 +979,28 @@ def test_topk_is_the_k_largest_by_value_then_index(seed):
         topk(x, n + 1)
     with pytest.raises(ValueError, match=f"at least k = {n + 1} entries, got {n}$"):
         topk(numpy.zeros((2, n + 2, n)), n + 1)  # the last axis counts
+
+
+@pytest.mark.parametrize("kind", ["semicrf", "crf"])
+@pytest.mark.parametrize("first", ["none", "satisfied", "contradictory"])
+def test_heads_search_a_document_whatever_the_documents_before_it(kind, first):
+    """A document's constrained decode is the same in a batch as alone, after a document
+    without constraints, one whose best path obeys them and one whose constraints contradict
+    each other (each of which the batch loop passes over without a search)."""
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    head, scores, lengths, _, _ = _head_case(kind, 0)  # lengths 5, 3, 0
+
+    def doc(items):
+        return DocConstraints(compile_constraints(items, LABELS[:2]), (0,))
+
+    searched = doc([ForceSpan(0, 3, "B")])  # the whole of document 1 as one entity
+    before = {"none": None,
+              "satisfied": doc([{"kind": "at_most", "label": "A", "n": 5}]),
+              "contradictory": doc([ForceSpan(4, 6, "A")])}[first]
+    alone = head.decode(scores[1:2], lengths[1:2], DecodeOptions(constraints=[searched]))
+    assert (alone.reports[0].status, alone.reports[0].searched) == ("optimal", True)
+    out = head.decode(scores[:2], lengths[:2], DecodeOptions(constraints=[before, searched]))
+    assert out.reports[1] == alone.reports[0]
+    rows = out.spans[out.spans[:, 0] == 1]
+    assert rows[:, 1:].tolist() == alone.spans[:, 1:].tolist() == [[0, 2, 2]]

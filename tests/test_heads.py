@@ -580,3 +580,25 @@ def test_inference_mode_predicts_as_no_grad_and_training_goes_on_after_it(name, 
     loss.backward()
     grads = [p.grad for p in head.parameters() if p.requires_grad]
     assert any(g is not None and bool(g.abs().sum() > 0) for g in grads)
+
+
+def test_filtered_head_filters_at_margin_zero_unless_told():
+    """Without ``filter_margin`` a filtered head keeps the spans whose local argmax is not
+    null, in ``nodes`` and in ``forward`` alike; a margin keeps more (checked to matter here)."""
+    from spacy_fsemicrf.structured.filtered import inference_node_set
+
+    torch.manual_seed(3)
+    head = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=16, transitions=True).eval()
+    X, lengths = torch.randn(2, 12, D), torch.tensor([12, 7])
+    with torch.no_grad():
+        head.transitions.normal_()
+        local, glob = head.span_scores(X, lengths)
+        nodes = head.nodes(local, glob, lengths)
+        at_zero = inference_node_set(local, glob, lengths, 0.0)
+        assert torch.equal(nodes.index, at_zero.index)
+        assert torch.equal(nodes.labels, at_zero.labels)
+        assert len(inference_node_set(local, glob, lengths, 1.0).index) > len(at_zero.index)
+        default, zero, wide = (head(X, lengths, **kw) for kw in
+                               ({}, {"filter_margin": 0.0}, {"filter_margin": 1.0}))
+    assert torch.equal(default[0], zero[0]) and torch.equal(default[1], zero[1])
+    assert not torch.equal(default[0], wide[0])

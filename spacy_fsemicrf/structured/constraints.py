@@ -399,9 +399,8 @@ def _build_automaton(components: List[_Component], n_symbols: int) -> Automaton:
         [all(c.accept(q) for c, q in zip(components, s) if not c.sentence) for s in states]
     )
     droppable = numpy.zeros(n_symbols, dtype=bool)
-    for c in components:
+    for c in components:  # label ids from 1: the null symbol 0 is never droppable
         droppable[list(c.drops)] = True
-    droppable[0] = False
     return Automaton(S, delta, move, combined, final, droppable)
 
 

@@ -124,7 +124,7 @@ def label_planes(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _filter(
-    local_scores: torch.Tensor, lengths: torch.Tensor, margin: float = 0.0
+    local_scores: torch.Tensor, lengths: torch.Tensor, margin: float
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(index [n], labels [n])``: the candidate spans whose best entity label scores above
     null minus ``margin`` (with 0, those whose local argmax is not null), as flat grid indices
