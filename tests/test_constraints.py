@@ -1004,3 +1004,25 @@ def test_heads_search_a_document_whatever_the_documents_before_it(kind, first):
     assert out.reports[1] == alone.reports[0]
     rows = out.spans[out.spans[:, 0] == 1]
     assert rows[:, 1:].tolist() == alone.spans[:, 1:].tolist() == [[0, 2, 2]]
+
+
+@pytest.mark.parametrize("length", [0, 1, 4, 6])
+def test_without_constraints_the_valid_items_are_those_inside_the_document(length):
+    """semicrf_valid: the segments that end inside the document, null ones one token wide;
+    crf_valid: every tag of the tokens inside it; neither is contradictory."""
+    L, K, C = 6, 3, 3
+    valid, contradictory = itemgraphs.semicrf_valid(length, (L, K, C))
+    assert not contradictory
+    expected = numpy.zeros((L, K, C), dtype=bool)
+    for s in range(L):
+        for w in range(K):
+            for c in range(C):
+                expected[s, w, c] = s + w < length and (w == 0 or c > 0)
+    assert numpy.array_equal(valid, expected)
+    assert numpy.array_equal(itemgraphs.segments_inside(numpy.array([length, L]), (L, K, C)),
+                             numpy.stack([expected, itemgraphs.segments_inside(
+                                 numpy.array([L]), (L, K, C))[0]]))
+    scheme = tag_scheme(2, "BILUO")
+    tags, contradictory = itemgraphs.crf_valid(length, L, scheme)
+    assert not contradictory
+    assert numpy.array_equal(tags, numpy.arange(L)[:, None].repeat(scheme.n_tags, 1) < length)

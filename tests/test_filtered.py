@@ -14,6 +14,7 @@ from spacy_fsemicrf.structured.compaction import _length_blocks, _small_clusters
 from spacy_fsemicrf.structured.compaction import compact as compact_list
 from spacy_fsemicrf.structured.filtered import (
     _inside_documents,
+    count_nodes,
     filtered_decode,
     filtered_log_partition,
     filtered_marginals,
@@ -21,6 +22,7 @@ from spacy_fsemicrf.structured.filtered import (
     inference_node_set,
     inference_nodes,
     path_score,
+    solve_node_set,
     start_bound,
     training_nodes,
 )
@@ -539,3 +541,14 @@ def test_disjoint_matches_brute_force_and_decode_keeps_the_solve(seed, B, L, K, 
         assert marginals.dtype == solved.marginals.dtype
         assert marginals.numpy().tobytes() == solved.marginals.numpy().tobytes()
         assert decode_node_set(nodes, T, marginals=False)[1] is None
+
+
+def test_count_nodes_counts_each_documents_nodes():
+    mask = torch.rand(3, 5, 2) < 0.4
+    assert count_nodes(mask).tolist() == [int(m.sum()) for m in mask]
+
+
+def test_solving_a_node_set_needs_a_known_mode():
+    nodes = inference_node_set(torch.randn(1, 3, 2, 3), torch.randn(1, 3, 2, 3), torch.tensor([3]))
+    with pytest.raises(ValueError, match="mode must be one of"):
+        solve_node_set(nodes, None, "LOG_Z")

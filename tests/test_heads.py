@@ -380,6 +380,22 @@ def test_linear_crf_emissions_are_a_gelu_layer_with_dropout_while_training():
     assert not torch.equal(head.emissions(X, lengths), head.emissions(X, lengths))
 
 
+@pytest.mark.parametrize("head_class", [FilteredSemiCRFHead, SemiCRFHead])
+def test_span_scorer_drops_token_vectors_only_while_training(head_class):
+    torch.manual_seed(0)
+    head = head_class(D, M, max_width=K, hidden_width=16, dropout=0.5)
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 3])
+
+    def scores():
+        out = head.span_scores(X, lengths)
+        return out[0] if isinstance(out, tuple) else out
+
+    head.train()
+    assert not torch.equal(scores(), scores())
+    head.eval()
+    assert torch.equal(scores(), scores())
+
+
 def test_semicrf_span_scores_hold_neg_exactly_where_no_segment_can_be():
     # past a document's end, and null segments wider than one token
     torch.manual_seed(0)

@@ -168,6 +168,17 @@ def test_head_loss_is_log_z_minus_the_gold_path(seed):
         gold_score += float(null_token_scores(nodes, null, on_gold)[b])
         expected += log_z - gold_score
     assert float(loss) == pytest.approx(expected, rel=1e-6)  # the head scores nulls in float32
+    # and its gradient in the node scores is that of log Z minus the gold path: central
+    # differences of the same loss
+    leaf = scores.detach().requires_grad_()
+    head._null_tokens_loss(leaf, mask, labels, glob, grid).backward()
+    eps = 1e-6
+    for flat in index.tolist():
+        step = torch.zeros_like(scores).view(-1).index_fill(0, torch.tensor([flat]), eps)
+        up, down = (float(head._null_tokens_loss(scores + sign * step.view_as(scores), mask,
+                                                 labels, glob, grid)) for sign in (1, -1))
+        assert float(leaf.grad.view(-1)[flat]) == pytest.approx((up - down) / (2 * eps),
+                                                                abs=1e-5)
     # every predicted node is a training node, also far from gold
     pred, _ = filtered.inference_nodes(local, lengths)
     assert bool((mask >= pred).all())

@@ -208,6 +208,18 @@ def test_same_word_mean_passes_gradient_to_every_mention():
 def test_featurizer_rejects_unknown_repr():
     with pytest.raises(ValueError, match="span_repr"):
         SpanFeaturizer(4, 4, 3, "attention")
+    with pytest.raises(ValueError, match="max_width must be >= 1"):
+        SpanFeaturizer(4, 4, 0)
+
+
+def test_featurizer_defaults_and_initial_width_embedding():
+    """The documented defaults (a sum over the span, no normalisation, no document vector,
+    reading no token outside the span) and width embeddings that start small (std 0.02), so
+    that at first a span is scored by its tokens."""
+    torch.manual_seed(0)
+    feat = SpanFeaturizer(6, 64, 10)
+    assert (feat.span_repr, feat.norm, feat.doc_proj, feat.reach) == ("sum", None, None, 0)
+    assert 0.015 < float(feat.width_emb.detach().std()) < 0.025
 
 
 def test_masked_logsumexp_is_neg_with_zero_gradient_when_everything_is_masked():
@@ -218,6 +230,10 @@ def test_masked_logsumexp_is_neg_with_zero_gradient_when_everything_is_masked():
     assert out[1].item() == pytest.approx(torch.logsumexp(x[1, [0, 2]], 0).item())
     out.sum().backward()
     assert torch.isfinite(x.grad).all() and (x.grad[0] == 0).all()
+    # without a mask, the log-sum-exp of every entry along the dimension
+    y = torch.randn(3, 4, dtype=torch.float64)
+    for dim in (0, 1):
+        assert torch.allclose(logsumexp(y, dim), torch.logsumexp(y, dim))
 
 
 def test_span_ends_cached_under_inference_mode_serve_training():

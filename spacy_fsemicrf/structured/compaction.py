@@ -132,7 +132,7 @@ def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: b
     cl_doc = doc[first_node]
     if by_cluster:
         host, host_clusters = _solved_on_host(
-            doc, start, end, opens, cluster, first_node, cl_doc, device
+            doc, start, end, cluster, first_node, cl_doc, device
         )
         if host is None:  # the usual case for a trained model: nothing to scan
             return Compaction((), host_clusters)
@@ -195,7 +195,7 @@ def disjoint(node_index: torch.Tensor, shape: Tuple[int, int, int]) -> bool:
     return bool(numpy.count_nonzero(start[1:] <= end[:-1]) == 0)
 
 
-def _solved_on_host(doc, start, end, opens, cluster, first_node, cl_doc, device):
+def _solved_on_host(doc, start, end, cluster, first_node, cl_doc, device):
     """``(host, HostClusters)``: which nodes (NumPy arrays in node order) are in cliques or
     small clusters, and those clusters; ``host`` is None when every node is."""
     next_first = numpy.empty_like(first_node)  # (numpy.append is a slow Python-level call)

@@ -432,6 +432,9 @@ def _from_host(
     return to_device(values, device)
 
 
+SOLVE_MODES = ("log_z", "viterbi", "marginals", "decode")
+
+
 def _solve(
     index: torch.Tensor,
     scores: torch.Tensor,
@@ -448,6 +451,8 @@ def _solve(
     forward and a mirrored scan). Only "log_z" is differentiable: training takes its gradient
     through the same code.
     """
+    if mode not in SOLVE_MODES:
+        raise ValueError(f"mode must be one of {SOLVE_MODES}, got {mode!r}")
     B, L, K = shape
     n, device = index.numel(), scores.device
     want_best = mode in ("viterbi", "decode")
