@@ -776,6 +776,11 @@ def _head_case(kind: str, seed: int):
     return head, scores, lengths, docs, refs
 
 
+def _one_sentence_doc(items):
+    """The constraints ``items`` of a one-sentence document over the labels A and B."""
+    return DocConstraints(compile_constraints(items, LABELS[:2]), (0,))
+
+
 @pytest.mark.parametrize("kind", ["semicrf", "crf"])
 @pytest.mark.parametrize("seed", range(12))
 def test_heads_report_and_score_the_constrained_path(kind, seed):
@@ -831,12 +836,10 @@ def test_heads_report_whether_the_search_ran(kind):
 
     head, scores, lengths, _, _ = _head_case(kind, 0)  # lengths 5, 3, 0
 
-    def doc(items):
-        return DocConstraints(compile_constraints(items, LABELS[:2]), (0,))
-
-    docs = [doc([ForceSpan(4, 6, "A")]),  # past the end of the document
-            doc([{"kind": "exactly", "label": "A", "n": 4}]),  # 4 entities in 3 tokens
-            doc([{"kind": "at_most", "label": "A", "n": 1}])]
+    docs = [_one_sentence_doc([ForceSpan(4, 6, "A")]),  # past the end of the document
+            # 4 entities in 3 tokens
+            _one_sentence_doc([{"kind": "exactly", "label": "A", "n": 4}]),
+            _one_sentence_doc([{"kind": "at_most", "label": "A", "n": 1}])]
     out = head.decode(scores, lengths, DecodeOptions(constraints=docs))
     assert [(r.status, r.searched) for r in out.reports] == [
         ("infeasible", False), ("infeasible", True), ("satisfied", False)]
@@ -848,8 +851,7 @@ def test_heads_report_constraints_on_a_batch_without_tokens(kind):
 
     head, scores, _, _, _ = _head_case(kind, 0)
     lengths = torch.zeros(2, dtype=torch.long)
-    doc = DocConstraints(compile_constraints([{"kind": "at_most", "label": "A", "n": 0,
-                                               "scope": "doc"}], LABELS[:2]), (0,))
+    doc = _one_sentence_doc([{"kind": "at_most", "label": "A", "n": 0, "scope": "doc"}])
     out = head.decode(scores[:2, :0], lengths, DecodeOptions(constraints=[doc, None]))
     assert out.spans.shape == (0, 4)
     assert out.reports is not None and out.reports[0] is not None and out.reports[1] is None
@@ -991,13 +993,10 @@ def test_heads_search_a_document_whatever_the_documents_before_it(kind, first):
 
     head, scores, lengths, _, _ = _head_case(kind, 0)  # lengths 5, 3, 0
 
-    def doc(items):
-        return DocConstraints(compile_constraints(items, LABELS[:2]), (0,))
-
-    searched = doc([ForceSpan(0, 3, "B")])  # the whole of document 1 as one entity
+    searched = _one_sentence_doc([ForceSpan(0, 3, "B")])  # the whole of document 1 as one entity
     before = {"none": None,
-              "satisfied": doc([{"kind": "at_most", "label": "A", "n": 5}]),
-              "contradictory": doc([ForceSpan(4, 6, "A")])}[first]
+              "satisfied": _one_sentence_doc([{"kind": "at_most", "label": "A", "n": 5}]),
+              "contradictory": _one_sentence_doc([ForceSpan(4, 6, "A")])}[first]
     alone = head.decode(scores[1:2], lengths[1:2], DecodeOptions(constraints=[searched]))
     assert (alone.reports[0].status, alone.reports[0].searched) == ("optimal", True)
     out = head.decode(scores[:2], lengths[:2], DecodeOptions(constraints=[before, searched]))
@@ -1011,17 +1010,16 @@ def test_without_constraints_the_valid_items_are_those_inside_the_document(lengt
     """semicrf_valid: the segments that end inside the document, null ones one token wide;
     crf_valid: every tag of the tokens inside it; neither is contradictory."""
     L, K, C = 6, 3, 3
+
+    def inside(n):
+        return numpy.array([[[s + w < n and (w == 0 or c > 0) for c in range(C)]
+                             for w in range(K)] for s in range(L)])
+
     valid, contradictory = itemgraphs.semicrf_valid(length, (L, K, C))
     assert not contradictory
-    expected = numpy.zeros((L, K, C), dtype=bool)
-    for s in range(L):
-        for w in range(K):
-            for c in range(C):
-                expected[s, w, c] = s + w < length and (w == 0 or c > 0)
-    assert numpy.array_equal(valid, expected)
+    assert numpy.array_equal(valid, inside(length))
     assert numpy.array_equal(itemgraphs.segments_inside(numpy.array([length, L]), (L, K, C)),
-                             numpy.stack([expected, itemgraphs.segments_inside(
-                                 numpy.array([L]), (L, K, C))[0]]))
+                             numpy.stack([inside(length), inside(L)]))
     scheme = tag_scheme(2, "BILUO")
     tags, contradictory = itemgraphs.crf_valid(length, L, scheme)
     assert not contradictory

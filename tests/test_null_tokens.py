@@ -174,9 +174,10 @@ def test_head_loss_is_log_z_minus_the_gold_path(seed):
     head._null_tokens_loss(leaf, mask, labels, glob, grid).backward()
     eps = 1e-6
     for flat in index.tolist():
-        step = torch.zeros_like(scores).view(-1).index_fill(0, torch.tensor([flat]), eps)
-        up, down = (float(head._null_tokens_loss(scores + sign * step.view_as(scores), mask,
-                                                 labels, glob, grid)) for sign in (1, -1))
+        step = torch.zeros_like(scores)
+        step.view(-1)[flat] = eps
+        up, down = (float(head._null_tokens_loss(scores + sign * step, mask, labels, glob, grid))
+                    for sign in (1, -1))
         assert float(leaf.grad.view(-1)[flat]) == pytest.approx((up - down) / (2 * eps),
                                                                 abs=1e-5)
     # every predicted node is a training node, also far from gold
