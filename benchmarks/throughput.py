@@ -12,9 +12,13 @@ thread, the pipelines interleaved within each repeat, and words/s is the median 
 of the words divided by the thread's CPU time (which other processes on the machine do not
 inflate). ``<name>:tok2vec`` is the pipeline of ``--encoder-only`` with only its tok2vec
 component: the limit of any head on that encoder. ``head share`` = 1 - pipeline words/s /
-tok2vec-only words/s. With ``--numpy-blas`` every pipeline is also loaded under thinc's
-``NumpyOps(use_blis=False)`` and timed as ``<name>+numpy``: the same pipelines with their matrix
-products through NumPy's BLAS (one thread) instead of blis. Writes ``<output>.json``, ``.md``
+tok2vec-only words/s. Ratios and head shares are taken within each repeat, where the pipelines
+ran one after the other, and reported as their median and range over the repeats: a shared
+machine's speed drifts between repeats by more than the heads differ, and a ratio of two
+medians can pair a fast repeat of one pipeline with a slow repeat of the other. With
+``--numpy-blas`` every pipeline is also loaded under thinc's ``NumpyOps(use_blis=False)`` and
+timed as ``<name>+numpy``: the same pipelines with their matrix products through NumPy's BLAS
+(one thread) instead of blis. Writes ``<output>.json`` (with every repeat's seconds), ``.md``
 and ``.png``.
 """
 import os
@@ -44,6 +48,17 @@ def time_pipe(nlp, docs, batch_size: int, disable: List[str]) -> float:
     for _ in nlp.pipe(batch, batch_size=batch_size, disable=disable):
         pass
     return time.thread_time() - t0
+
+
+def relative_speed(times: Dict[str, List[float]], name: str, other: str) -> List[float]:
+    """Words/s of ``name`` relative to ``other`` in each repeat (both time the same words):
+    ``other``'s time over ``name``'s, repeat by repeat."""
+    return [t_other / t_name for t_name, t_other in zip(times[name], times[other])]
+
+
+def spread(values: List[float]) -> Dict[str, float]:
+    """The median, minimum and maximum of ``values``."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main() -> None:
@@ -92,8 +107,14 @@ def main() -> None:
                 for name, nlp, disable in order:
                     times[name].append(time_pipe(nlp, subset, batch_size, disable))
             wps = {name: n_words / statistics.median(t) for name, t in times.items()}
+            limits = {name: f"{name}:tok2vec" for name in times if f"{name}:tok2vec" in times}
+            head_share = {name: spread([1 - r for r in relative_speed(times, name, limit)])
+                          for name, limit in limits.items()}
             rows.append({"length": length, "batch_size": batch_size, "docs": len(subset),
-                         "words": n_words, "words_per_s": wps})
+                         "words": n_words, "words_per_s": wps,
+                         "vs_reference": {name: spread(relative_speed(times, name, args.reference))
+                                          for name in times},
+                         "head_share": head_share, "seconds": times})
             print(f"length {length} batch {batch_size}: " + ", ".join(f"{k} {v:.0f}" for k, v in wps.items()))
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -105,15 +126,19 @@ def main() -> None:
     # (pipeline, its tok2vec alone) pairs whose head share is reported
     shares = [(n, f"{n}:tok2vec") for n in names if f"{n}:tok2vec" in names]
     lines = ["# Prediction words/s by document length", "",
-             f"One thread, median of {args.repeats} interleaved repeats, thread CPU time; documents "
-             f"cut from `{args.test}`. Ratios are to `{ref}` in the same run.", "",
+             f"One thread, median of {args.repeats} interleaved repeats, thread CPU time; "
+             f"documents cut from `{args.test}`. Ratios to `{ref}` and head shares are taken "
+             "within each repeat: their median, and in brackets their range over the repeats.",
+             "",
              "| length | batch | " + " | ".join(names + [f"head share {n}" for n, _ in shares])
              + " |",
              "|---:|---:|" + "---:|" * (len(names) + len(shares))]
     for row in rows:
-        w = row["words_per_s"]
-        cells = [f"{w[n]:.0f} ({w[n] / w[ref]:.2f}x)" for n in names]
-        share = [f"{100 * (1 - w[n] / w[limit]):.1f}%" for n, limit in shares]
+        w, vs, hs = row["words_per_s"], row["vs_reference"], row["head_share"]
+        cells = [f"{w[n]:.0f} ({vs[n]['median']:.2f}x" + ("" if n == ref else
+                 f", {vs[n]['min']:.2f}-{vs[n]['max']:.2f}") + ")" for n in names]
+        share = [f"{100 * hs[n]['median']:.1f}% "
+                 f"({100 * hs[n]['min']:.1f}-{100 * hs[n]['max']:.1f})" for n, _ in shares]
         lines.append(f"| {row['length']} | {row['batch_size']} | " + " | ".join(cells + share) + " |")
     lines += ["", "Made by `python benchmarks/throughput.py " + " ".join(sys.argv[1:]) + "`."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,30 @@
+"""benchmarks/throughput.py: ratios and head shares taken within each repeat."""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("throughput", ROOT / "benchmarks" / "throughput.py")
+throughput = importlib.util.module_from_spec(_spec)
+# the script sets OPENBLAS_NUM_THREADS for its own process: keep this one's as it was
+_blas_threads = os.environ.get("OPENBLAS_NUM_THREADS")
+_spec.loader.exec_module(throughput)
+if _blas_threads is None:
+    os.environ.pop("OPENBLAS_NUM_THREADS", None)
+
+
+def test_ratios_pair_the_pipelines_of_one_repeat():
+    # the machine slows down during the second repeat, after ner ran: a ratio of the medians
+    # (1.0 / 2.4) would pair ner's fast repeat with the head's slow one
+    times = {"ner": [1.0, 1.0, 3.0], "head": [0.8, 2.4, 2.4]}
+    ratios = throughput.relative_speed(times, "head", "ner")
+    assert ratios == pytest.approx([1.25, 1.0 / 2.4, 1.25])
+    assert throughput.spread(ratios) == pytest.approx(
+        {"median": 1.25, "min": 1.0 / 2.4, "max": 1.25})
+    assert throughput.relative_speed(times, "ner", "ner") == [1.0, 1.0, 1.0]
+
+
+def test_spread_of_an_even_number_of_repeats_is_the_mean_of_the_middle_two():
+    assert throughput.spread([4.0, 1.0, 2.0, 3.0]) == {"median": 2.5, "min": 1.0, "max": 4.0}
