@@ -33,7 +33,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Dict, List  # noqa: E402
+from typing import Any, Dict, List  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -59,6 +59,29 @@ def relative_speed(times: Dict[str, List[float]], name: str, other: str) -> List
 def spread(values: List[float]) -> Dict[str, float]:
     """The median, minimum and maximum of ``values``."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def markdown(rows: List[Dict[str, Any]], names: List[str], reference: str,
+             limits: Dict[str, str], repeats: int, test: str, command: str) -> str:
+    """The table of ``rows``: each pipeline's words/s with its ratio to ``reference`` (median
+    and range over the repeats), and the head share of each pipeline of ``limits``."""
+    lines = ["# Prediction words/s by document length", "",
+             f"One thread, median of {repeats} interleaved repeats, thread CPU time; documents "
+             f"cut from `{test}`. Ratios to `{reference}` and head shares are taken within each "
+             "repeat: their median, and in brackets their range over the repeats.", "",
+             "| length | batch | " + " | ".join(names + [f"head share {n}" for n in limits])
+             + " |",
+             "|---:|---:|" + "---:|" * (len(names) + len(limits))]
+    for row in rows:
+        w, vs, hs = row["words_per_s"], row["vs_reference"], row["head_share"]
+        cells = [f"{w[n]:.0f} ({vs[n]['median']:.2f}x" + ("" if n == reference else
+                 f", {vs[n]['min']:.2f}-{vs[n]['max']:.2f}") + ")" for n in names]
+        # "to", as a share can come out below zero in a repeat
+        share = [f"{100 * hs[n]['median']:.1f}% "
+                 f"({100 * hs[n]['min']:.1f} to {100 * hs[n]['max']:.1f})" for n in limits]
+        lines.append(f"| {row['length']} | {row['batch_size']} | " + " | ".join(cells + share) + " |")
+    lines += ["", f"Made by `{command}`."]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -91,6 +114,9 @@ def main() -> None:
         if name in nlps:
             nlp = nlps[name]
             runs.append((f"{name}:tok2vec", nlp, [p for p in nlp.pipe_names if p != "tok2vec"]))
+    names = [name for name, _, _ in runs]
+    # each pipeline whose tok2vec alone is timed, and that run's name: its head share is reported
+    limits = {name: f"{name}:tok2vec" for name in names if f"{name}:tok2vec" in names}
     vocab = next(iter(nlps.values())).vocab
     test = list(DocBin().from_disk(args.test).get_docs(vocab))
     rows = []
@@ -107,7 +133,6 @@ def main() -> None:
                 for name, nlp, disable in order:
                     times[name].append(time_pipe(nlp, subset, batch_size, disable))
             wps = {name: n_words / statistics.median(t) for name, t in times.items()}
-            limits = {name: f"{name}:tok2vec" for name in times if f"{name}:tok2vec" in times}
             head_share = {name: spread([1 - r for r in relative_speed(times, name, limit)])
                           for name, limit in limits.items()}
             rows.append({"length": length, "batch_size": batch_size, "docs": len(subset),
@@ -121,28 +146,10 @@ def main() -> None:
     meta = {"models": paths, "test": args.test, "threads": 1, "repeats": args.repeats,
             "clock": "thread CPU time", "torch": torch.__version__, "spacy": spacy.__version__}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    names = [name for name, _, _ in runs]
-    ref = args.reference
-    # (pipeline, its tok2vec alone) pairs whose head share is reported
-    shares = [(n, f"{n}:tok2vec") for n in names if f"{n}:tok2vec" in names]
-    lines = ["# Prediction words/s by document length", "",
-             f"One thread, median of {args.repeats} interleaved repeats, thread CPU time; "
-             f"documents cut from `{args.test}`. Ratios to `{ref}` and head shares are taken "
-             "within each repeat: their median, and in brackets their range over the repeats.",
-             "",
-             "| length | batch | " + " | ".join(names + [f"head share {n}" for n, _ in shares])
-             + " |",
-             "|---:|---:|" + "---:|" * (len(names) + len(shares))]
-    for row in rows:
-        w, vs, hs = row["words_per_s"], row["vs_reference"], row["head_share"]
-        cells = [f"{w[n]:.0f} ({vs[n]['median']:.2f}x" + ("" if n == ref else
-                 f", {vs[n]['min']:.2f}-{vs[n]['max']:.2f}") + ")" for n in names]
-        share = [f"{100 * hs[n]['median']:.1f}% "
-                 f"({100 * hs[n]['min']:.1f}-{100 * hs[n]['max']:.1f})" for n, _ in shares]
-        lines.append(f"| {row['length']} | {row['batch_size']} | " + " | ".join(cells + share) + " |")
-    lines += ["", "Made by `python benchmarks/throughput.py " + " ".join(sys.argv[1:]) + "`."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:])
+    text = markdown(rows, names, args.reference, limits, args.repeats, args.test, command)
+    out.with_suffix(".md").write_text(text)
+    print(text)
     try:
         import matplotlib
         matplotlib.use("Agg")
