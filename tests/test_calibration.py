@@ -38,7 +38,7 @@ from spacy_fsemicrf.calibration import (
     raw_outcomes,
     seen_flags,
 )
-from spacy_fsemicrf.structured.confidences import CANDIDATE_FLOOR
+from spacy_fsemicrf.structured.confidences import CANDIDATE_FLOOR, span_candidates
 from spacy_fsemicrf.structured.prediction import DecodeOptions
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 
@@ -196,6 +196,20 @@ def test_crf_confidences_paths_and_candidates_match_enumeration(seed, scheme):
     expected_cands.update(expected_ents)
     _assert_close(ents, expected_ents)
     _assert_close(cands, expected_cands)
+
+
+def test_span_candidates_are_probabilities_above_the_floor_or_decoded():
+    # a marginal is a gradient of log Z, which rounding can put a few ulps above 1 where one
+    # segmentation dominates (semi-CRF marginals of random scores reach 1.0000002)
+    above_one = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))
+    marginals = torch.zeros((1, 3, 2, 3))
+    marginals[0, 0, 0, 1] = above_one
+    marginals[0, 1, 1, 2] = 0.5
+    marginals[0, 2, 0, 2] = 0.005  # below the floor, but decoded
+    marginals[0, 1, 0, 1] = CANDIDATE_FLOOR  # at the floor: not above it
+    rows, values = span_candidates(marginals, torch.tensor([[0, 2, 2, 2]]))
+    assert rows.tolist() == [[0, 0, 0, 1], [0, 1, 2, 2], [0, 2, 2, 2]]
+    assert values.tolist() == [1.0, 0.5, marginals[0, 2, 0, 2].item()]
 
 
 def test_without_extras_the_heads_give_only_the_entities():
