@@ -39,7 +39,7 @@ from spacy_fsemicrf.calibration import (
     seen_flags,
 )
 from spacy_fsemicrf.structured.confidences import CANDIDATE_FLOOR, span_candidates
-from spacy_fsemicrf.structured.prediction import DecodeOptions
+from spacy_fsemicrf.structured.prediction import DecodeOptions, path_probability
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
@@ -210,6 +210,14 @@ def test_span_candidates_are_probabilities_above_the_floor_or_decoded():
     rows, values = span_candidates(marginals, torch.tensor([[0, 2, 2, 2]]))
     assert rows.tolist() == [[0, 0, 0, 1], [0, 1, 2, 2], [0, 2, 2, 2]]
     assert values.tolist() == [1.0, 0.5, marginals[0, 2, 0, 2].item()]
+
+
+def test_a_path_scoring_above_log_z_by_rounding_has_probability_one():
+    # the best path's score and log Z come from different sums: where one path holds nearly
+    # all the mass, the score can round above log Z
+    prob = path_probability(torch.tensor([2.0 + 1e-6, 1.0]), torch.tensor([2.0, 3.0]))
+    assert prob.dtype == torch.float32
+    assert prob.tolist() == [1.0, pytest.approx(math.exp(-2.0))]
 
 
 def test_without_extras_the_heads_give_only_the_entities():
