@@ -61,6 +61,18 @@ def spread(values: List[float]) -> Dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def side_by_side(times: Dict[str, List[float]], reference: str,
+                 limits: Dict[str, str]) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """``vs_reference``: each pipeline's words/s relative to ``reference``, and ``head_share``:
+    1 - words/s relative to its tok2vec alone for each pipeline of ``limits``, each taken
+    within every repeat and summarised by :func:`spread`."""
+    return {
+        "vs_reference": {name: spread(relative_speed(times, name, reference)) for name in times},
+        "head_share": {name: spread([1 - r for r in relative_speed(times, name, limit)])
+                       for name, limit in limits.items()},
+    }
+
+
 def markdown(rows: List[Dict[str, Any]], names: List[str], reference: str,
              limits: Dict[str, str], repeats: int, test: str, command: str) -> str:
     """The table of ``rows``: each pipeline's words/s with its ratio to ``reference`` (median
@@ -133,13 +145,9 @@ def main() -> None:
                 for name, nlp, disable in order:
                     times[name].append(time_pipe(nlp, subset, batch_size, disable))
             wps = {name: n_words / statistics.median(t) for name, t in times.items()}
-            head_share = {name: spread([1 - r for r in relative_speed(times, name, limit)])
-                          for name, limit in limits.items()}
             rows.append({"length": length, "batch_size": batch_size, "docs": len(subset),
                          "words": n_words, "words_per_s": wps,
-                         "vs_reference": {name: spread(relative_speed(times, name, args.reference))
-                                          for name in times},
-                         "head_share": head_share, "seconds": times})
+                         **side_by_side(times, args.reference, limits), "seconds": times})
             print(f"length {length} batch {batch_size}: " + ", ".join(f"{k} {v:.0f}" for k, v in wps.items()))
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,13 +32,11 @@ def test_spread_of_an_even_number_of_repeats_is_the_mean_of_the_middle_two():
 
 def test_the_table_gives_each_ratio_and_share_with_its_range():
     times = {"ner": [1.0, 1.0, 3.0], "head": [0.8, 2.4, 2.4], "head:tok2vec": [0.6, 2.5, 1.8]}
+    limits = {"head": "head:tok2vec"}
     row = {"length": 10, "batch_size": 64, "words_per_s": {n: 100.0 for n in times},
-           "vs_reference": {n: throughput.spread(throughput.relative_speed(times, n, "ner"))
-                            for n in times},
-           "head_share": {"head": throughput.spread(
-               [1 - r for r in throughput.relative_speed(times, "head", "head:tok2vec")])}}
-    text = throughput.markdown([row], list(times), "ner", {"head": "head:tok2vec"}, 3,
-                               "test.spacy", "python benchmarks/throughput.py ARGS")
+           **throughput.side_by_side(times, "ner", limits)}
+    text = throughput.markdown([row], list(times), "ner", limits, 3, "test.spacy",
+                               "python benchmarks/throughput.py ARGS")
     # head share per repeat: 1 - 0.6/0.8, 1 - 2.5/2.4, 1 - 1.8/2.4 = 25%, -4.2%, 25%
     assert ("| 10 | 64 | 100 (1.00x) | 100 (1.25x, 0.42-1.25) | 100 (1.67x, 0.40-1.67) "
             "| 25.0% (-4.2 to 25.0) |") in text.splitlines()
