@@ -212,6 +212,30 @@ def test_span_candidates_are_probabilities_above_the_floor_or_decoded():
     assert values.tolist() == [1.0, 0.5, marginals[0, 2, 0, 2].item()]
 
 
+@pytest.mark.parametrize("seed", [57, 197, 249, 250])
+def test_semicrf_confidences_are_at_most_one(seed):
+    # the marginals of these problems round to 1.0000001 where one segmentation dominates
+    torch.manual_seed(seed)
+    head = SemiCRFHead(4, 2, max_width=3, hidden_width=6, dropout=0.0).eval()
+    L = 1 + seed % 6
+    out = head.decode(torch.randn((1, L, 3, 3)) * (1 + seed % 20), torch.tensor([L]))
+    assert len(out.scores) and (out.scores <= 1).all() and (out.scores > 0.9).any()
+
+
+def test_filtered_confidences_are_at_most_one():
+    # a node's local label probability times its marginal: in this problem both round to 1 and
+    # the float32 product to 1.0000001
+    seed = 1483
+    torch.manual_seed(seed)
+    head = FilteredSemiCRFHead(6, 3, max_width=3, hidden_width=8).double().eval()
+    gen = torch.Generator().manual_seed(seed)
+    local, glob = (torch.randn((1, 4, 3, 4), generator=gen, dtype=torch.float64) * 14
+                   for _ in range(2))
+    out = head.decode(local, glob, torch.tensor([4]), 0.0, DecodeOptions(candidates=True))
+    conf = out.candidates[1]
+    assert len(conf) and (conf <= 1).all() and (conf > 0.9).any()
+
+
 def test_a_path_scoring_above_log_z_by_rounding_has_probability_one():
     # the best path's score and log Z come from different sums: where one path holds nearly
     # all the mass, the score can round above log Z

@@ -1005,6 +1005,28 @@ def test_heads_search_a_document_whatever_the_documents_before_it(kind, first):
     assert rows[:, 1:].tolist() == alone.spans[:, 1:].tolist() == [[0, 2, 2]]
 
 
+@pytest.mark.parametrize("kind", ["semicrf", "crf"])
+def test_heads_search_the_documents_of_a_program_after_an_infeasible_one(kind):
+    """Documents with one program are searched together: one for which the search finds no
+    path (four entities in three tokens) is reported infeasible and keeps its prediction, and
+    the document after it is still searched."""
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    head, scores, lengths, _, _ = _head_case(kind, 0)  # lengths 5, 3, 0
+    shared = _one_sentence_doc([{"kind": "at_least", "label": "B", "n": 4}])
+    alone = head.decode(scores[:1], lengths[:1], DecodeOptions(constraints=[shared]))
+    assert (alone.reports[0].status, alone.reports[0].searched) == ("optimal", True)
+    plain = head.decode(scores[1:2], lengths[1:2], DecodeOptions())
+    order = [1, 0]
+    out = head.decode(scores[order], lengths[order], DecodeOptions(constraints=[shared] * 2))
+    assert (out.reports[0].status, out.reports[0].searched) == ("infeasible", True)
+    assert out.reports[1] == alone.reports[0]
+    assert out.spans[out.spans[:, 0] == 0].tolist() == plain.spans.tolist()
+    found = out.spans[out.spans[:, 0] == 1]
+    assert found[:, 1:].tolist() == alone.spans[:, 1:].tolist()
+    assert (found[:, 3] == 2).sum() >= 4  # label ids count from 1: B is 2
+
+
 @pytest.mark.parametrize("length", [0, 1, 4, 6])
 def test_without_constraints_the_valid_items_are_those_inside_the_document(length):
     """semicrf_valid: the segments that end inside the document, null ones one token wide;

@@ -187,7 +187,8 @@ def test_word_pool_needs_word_ids_and_lets_mentions_share_evidence(name):
     head = HEADS[name](D, M, max_width=2, hidden_width=16, word_pool=True).eval()
     X = torch.randn(1, 12, D)
     lengths = torch.tensor([12])
-    with pytest.raises(ValueError, match="word ids"):
+    with pytest.raises(ValueError, match=r"^A head with word_pool needs the word ids of the "
+                                         r"tokens \(words=\.\.\.\)$"):
         token_scores(head, X, lengths)
     words = torch.tensor([[5, 1, 2, 3, 4, 6, 7, 8, 9, 10, 5, 11]])
     changed = X.clone()

@@ -114,6 +114,8 @@ def test_bio_scheme():
     assert A[3, 4] and A[4, 4] and not A[1, 4] and not A[2, 4]
     assert A[:5, E].all()  # any tag may end a BIO sequence
     assert A[:5, [0, 1, 3]].all()  # O and B-x may follow anything
+    with pytest.raises(ValueError, match="^BIO has no 'U' tags$"):
+        ts.tag("U", 1)
 
 
 def test_biluo_scheme():
@@ -425,6 +427,22 @@ def test_long_document_span_marginals_in_float32(scheme):
                 marg[d, s, ts.tag("U", l)],
                 atol=1e-9,
             )
+
+
+@pytest.mark.parametrize("seed", [155, 239, 557, 1517])
+def test_span_marginals_are_at_most_one(seed):
+    # exp(span score - log Z): the two sums take the same terms in other orders, so where one
+    # tag sequence holds nearly all the mass rounding can put a marginal above 1 (in float64
+    # these problems reach 1 + 3e-14 before the clamp)
+    gen = torch.Generator().manual_seed(seed)
+    ts = tag_scheme(2, "BILUO")
+    L = 1 + seed % 6
+    em = (torch.randn((1, L, ts.n_tags), generator=gen) * (1 + seed % 20)).double()
+    T = torch.randn((ts.n_tags + 1, ts.n_tags + 1), generator=gen) * 3
+    lengths = torch.tensor([L])
+    spans = tags_to_spans(crf_viterbi(em, T, lengths, ts.allowed)[0], lengths, ts)
+    p = crf_span_marginals(em, T, lengths, spans, ts, ts.allowed)
+    assert p.dtype == torch.float64 and len(p) and (p <= 1).all() and (p > 0.9).any()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -223,7 +223,8 @@ def test_scoring_nodes_without_the_token_vectors_is_a_clear_error():
     X, lengths, _ = batch()
     head = small_head(mean_field=1)
     local, glob = head.span_scores(X, lengths)
-    with pytest.raises(ValueError, match="token vectors"):
+    with pytest.raises(ValueError, match=r"^a filtered head with mean_field > 0 needs the token "
+                                         r"vectors \(tokens=\.\.\.\) to score its nodes$"):
         head.nodes(local, glob, lengths)
     with pytest.raises(ValueError, match="mean_field must be >= 0"):
         small_head(mean_field=-1)

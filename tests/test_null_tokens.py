@@ -220,7 +220,9 @@ def test_head_decodes_the_best_set_with_confidences_and_path_probability():
 
 
 def test_null_tokens_refuse_what_they_do_not_support():
-    with pytest.raises(ValueError, match="^null_tokens needs transitions = false: a cell"):
+    with pytest.raises(ValueError, match="^null_tokens needs transitions = false: a cell that "
+                                         "holds a node and a null could not tell their labels "
+                                         "apart$"):
         FilteredSemiCRFHead(6, 3, null_tokens=True, transitions=True)
     head = small_head()
     local = torch.randn((1, 4, 3, 4), dtype=torch.float64)

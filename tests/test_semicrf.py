@@ -289,6 +289,12 @@ def test_empty_batch_and_zero_length_batch():
             assert semicrf_marginals(scores, lengths, t).shape == shape
             gold = torch.zeros((0, 4), dtype=torch.long)
             assert torch.equal(semicrf_gold_score(scores, lengths, gold, t), torch.zeros(shape[0]))
+        # log Z and the gold score stay connected to both inputs: backward gives zero gradients
+        for f in (semicrf_log_partition, lambda s, n, t: semicrf_gold_score(s, n, gold, t)):
+            s, t = scores.clone().requires_grad_(), T.clone().requires_grad_()
+            f(s, lengths, t).sum().backward()
+            assert torch.equal(s.grad, torch.zeros(shape))
+            assert torch.equal(t.grad, torch.zeros(4, 4))
 
 
 def test_gold_wider_than_max_width_is_rejected():
