@@ -35,7 +35,7 @@ import sys
 import tarfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatch
 from io import BytesIO
 from pathlib import Path
@@ -243,6 +243,12 @@ def export_tree(dest: Path, source: str) -> None:
             shutil.copy2(ROOT / name, dest / name)
 
 
+def tests_present(group: Group, tree: Path) -> Group:
+    """``group`` with only the test files that ``tree`` holds (a copy of an older commit may
+    lack a newer one), every other setting kept."""
+    return replace(group, tests=[t for t in group.tests if (tree / t).exists()])
+
+
 def mutmut_config(group: Group) -> str:
     """The ``[mutmut]`` section of the copy's setup.cfg for ``group``."""
     # pytest's unraisable-exception plugin runs gc.collect() five times as each pytest run
@@ -299,8 +305,7 @@ def run_group(
         shutil.rmtree(tree)
     tree.mkdir(parents=True)
     export_tree(tree, source)
-    missing = [t for t in group.tests if not (tree / t).exists()]
-    group = Group(group.modules, [t for t in group.tests if t not in missing], group.deselect)
+    group = tests_present(group, tree)
     with open(tree / "setup.cfg", "a") as cfg:
         cfg.write("\n" + mutmut_config(group))
     (tree / "mutation_profile.py").write_text(HYPOTHESIS_PROFILE)

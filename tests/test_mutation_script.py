@@ -1,0 +1,22 @@
+"""scripts/mutation.py: the mutmut settings each group's copy of the tree gets."""
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("mutation", ROOT / "scripts" / "mutation.py")
+mutation = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("mutation", mutation)  # its dataclasses look their module up there
+_spec.loader.exec_module(mutation)
+
+
+def test_a_copy_without_some_test_files_keeps_the_group_s_other_settings(tmp_path):
+    group = mutation.GROUPS["structured"]
+    (tmp_path / "tests").mkdir()
+    (tmp_path / group.tests[1]).write_text("")
+    present = mutation.tests_present(group, tmp_path)
+    assert present.tests == [group.tests[1]]
+    assert (present.modules, present.deselect) == (group.modules, group.deselect)
+    assert present.timeout_constant == group.timeout_constant == 10.0
+    config = mutation.mutmut_config(present).splitlines()
+    assert "timeout_constant = 10.0" in config and f"    {group.tests[0]}" not in config
