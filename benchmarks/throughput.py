@@ -8,13 +8,15 @@
 
 Documents of each length are cut from the test set's running text (as in
 ``profile_predict.py``); every pipeline predicts the same documents with ``nlp.pipe`` on one
-thread, the pipelines interleaved within each repeat, and words/s is the median over the repeats
-of the words divided by the thread's CPU time (which other processes on the machine do not
-inflate). ``<name>:tok2vec`` is the pipeline of ``--encoder-only`` with only its tok2vec
-component: the limit of any head on that encoder. ``head share`` = 1 - pipeline words/s /
-tok2vec-only words/s. Ratios and head shares are taken within each repeat, where the pipelines
-ran one after the other, and reported as their median and range over the repeats: a shared
-machine's speed drifts between repeats by more than the heads differ, and a ratio of two
+thread, and words/s is the median over the repeats of the words divided by the thread's CPU time
+(which other processes on the machine do not inflate). Within a repeat the pipelines take turns
+batch by batch (at batch 1, 16 documents at a time; the order rotates from one turn to the
+next), so each pipeline's time in a repeat is summed over the same stretch of the run: a shared
+machine's speed drifts within a minute, and pipelines timed one after the other over a whole
+repeat each met a different part of that drift. ``<name>:tok2vec`` is the pipeline of
+``--encoder-only`` with only its tok2vec component: the limit of any head on that encoder.
+``head share`` = 1 - pipeline words/s / tok2vec-only words/s. Ratios and head shares are taken
+within each repeat and reported as their median and range over the repeats: a ratio of two
 medians can pair a fast repeat of one pipeline with a slow repeat of the other. With
 ``--numpy-blas`` every pipeline is also loaded under thinc's ``NumpyOps(use_blis=False)`` and
 timed as ``<name>+numpy``: the same pipelines with their matrix products through NumPy's BLAS
@@ -33,7 +35,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Dict, List  # noqa: E402
+from typing import Any, Callable, Dict, List  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -48,6 +50,30 @@ def time_pipe(nlp, docs, batch_size: int, disable: List[str]) -> float:
     for _ in nlp.pipe(batch, batch_size=batch_size, disable=disable):
         pass
     return time.thread_time() - t0
+
+
+def turns(docs: List[Any], batch_size: int) -> List[List[Any]]:
+    """``docs`` cut into the parts the pipelines take turns on: one batch each, and at batch 1
+    16 documents (a pipeline that switched every document would run with the other's caches)."""
+    size = max(batch_size, 16)
+    return [docs[i: i + size] for i in range(0, len(docs), size)]
+
+
+def interleaved_times(names: List[str], parts: List[Any], repeats: int,
+                      time_part: Callable[[str, Any], float]) -> Dict[str, List[float]]:
+    """Each pipeline's seconds in each repeat, summed over ``parts``: every part is timed by
+    every pipeline in turn (``time_part(name, part)``), the order rotated part by part and
+    repeat by repeat so that no pipeline always runs first."""
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        totals = dict.fromkeys(names, 0.0)
+        for j, part in enumerate(parts):
+            k = (r + j) % len(names)
+            for name in names[k:] + names[:k]:
+                totals[name] += time_part(name, part)
+        for name in names:
+            times[name].append(totals[name])
+    return times
 
 
 def relative_speed(times: Dict[str, List[float]], name: str, other: str) -> List[float]:
@@ -78,9 +104,10 @@ def markdown(rows: List[Dict[str, Any]], names: List[str], reference: str,
     """The table of ``rows``: each pipeline's words/s with its ratio to ``reference`` (median
     and range over the repeats), and the head share of each pipeline of ``limits``."""
     lines = ["# Prediction words/s by document length", "",
-             f"One thread, median of {repeats} interleaved repeats, thread CPU time; documents "
-             f"cut from `{test}`. Ratios to `{reference}` and head shares are taken within each "
-             "repeat: their median, and in brackets their range over the repeats.", "",
+             f"One thread, median of {repeats} repeats, the pipelines taking turns batch by "
+             f"batch, thread CPU time; documents cut from `{test}`. Ratios to `{reference}` and "
+             "head shares are taken within each repeat: their median, and in brackets their "
+             "range over the repeats.", "",
              "| length | batch | " + " | ".join(names + [f"head share {n}" for n in limits])
              + " |",
              "|---:|---:|" + "---:|" * (len(names) + len(limits))]
@@ -137,13 +164,12 @@ def main() -> None:
         for batch_size in args.batch_sizes:
             subset = docs if batch_size > 1 else docs[: max(1, len(docs) // 4)]
             n_words = sum(len(d) for d in subset)
-            times: Dict[str, List[float]] = {name: [] for name, _, _ in runs}
-            for name, nlp, disable in runs:  # warm-up
+            by_name = {name: (nlp, disable) for name, nlp, disable in runs}
+            for nlp, disable in by_name.values():  # warm-up
                 time_pipe(nlp, subset[:batch_size], batch_size, disable)
-            for r in range(args.repeats):
-                order = runs[r % len(runs):] + runs[: r % len(runs)]
-                for name, nlp, disable in order:
-                    times[name].append(time_pipe(nlp, subset, batch_size, disable))
+            times = interleaved_times(
+                names, turns(subset, batch_size), args.repeats,
+                lambda name, part: time_pipe(by_name[name][0], part, batch_size, by_name[name][1]))
             wps = {name: n_words / statistics.median(t) for name, t in times.items()}
             rows.append({"length": length, "batch_size": batch_size, "docs": len(subset),
                          "words": n_words, "words_per_s": wps,

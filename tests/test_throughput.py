@@ -42,3 +42,26 @@ def test_the_table_gives_each_ratio_and_share_with_its_range():
             "| 25.0% (-4.2 to 25.0) |") in text.splitlines()
     assert "| length | batch | ner | head | head:tok2vec | head share head |" in text
     assert text.endswith("Made by `python benchmarks/throughput.py ARGS`.\n")
+
+
+def test_pipelines_take_turns_part_by_part_in_a_rotating_order():
+    calls = []
+
+    def time_part(name, part):
+        calls.append((name, part))
+        return {"a": 1.0, "b": 2.0, "c": 4.0}[name] * len(part)
+
+    parts = [[1], [2, 3]]
+    times = throughput.interleaved_times(["a", "b", "c"], parts, 2, time_part)
+    # each pipeline's seconds in a repeat are its sum over the parts
+    assert times == {"a": [3.0, 3.0], "b": [6.0, 6.0], "c": [12.0, 12.0]}
+    assert [name for name, _ in calls] == ["a", "b", "c", "b", "c", "a",
+                                           "b", "c", "a", "c", "a", "b"]
+    assert [part for _, part in calls] == [[1]] * 3 + [[2, 3]] * 3 + [[1]] * 3 + [[2, 3]] * 3
+
+
+def test_turns_are_one_batch_and_at_batch_one_sixteen_documents():
+    docs = list(range(150))
+    assert [len(t) for t in throughput.turns(docs, 64)] == [64, 64, 22]
+    assert [len(t) for t in throughput.turns(docs, 1)] == [16] * 9 + [6]
+    assert sum(throughput.turns(docs, 1), []) == docs
