@@ -40,6 +40,7 @@ from spacy_fsemicrf.calibration import (
 )
 from spacy_fsemicrf.structured.confidences import CANDIDATE_FLOOR, span_candidates
 from spacy_fsemicrf.structured.prediction import DecodeOptions, path_probability
+from spacy_fsemicrf.structured import heads
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
@@ -234,6 +235,41 @@ def test_filtered_confidences_are_at_most_one():
     out = head.decode(local, glob, torch.tensor([4]), 0.0, DecodeOptions(candidates=True))
     conf = out.candidates[1]
     assert len(conf) and (conf <= 1).all() and (conf > 0.9).any()
+
+
+@pytest.mark.parametrize("null_tokens", [False, True])
+def test_filtered_confidences_are_clamped_whatever_the_rounding(monkeypatch, null_tokens):
+    # the problem above depends on how this CPU rounds exp and log; a local probability above 1
+    # (as rounding can give) must come out as 1 on any machine, in the entities and candidates
+    monkeypatch.setattr(heads, "local_label_probability",
+                        lambda local, index, labels: torch.full(index.shape, 1.5))
+    torch.manual_seed(0)
+    head = FilteredSemiCRFHead(6, 2, max_width=3, hidden_width=8, null_tokens=null_tokens).eval()
+    local = torch.full((1, 4, 3, 3), -20.0)
+    local[0, 1, 1, 1] = 20.0  # one node, tokens 1-2, label 1
+    glob = torch.zeros((1, 4, 3, 3))
+    glob[0, 1, 1, 1] = 20.0  # ... that the path takes over its null tokens: marginal 1
+    out = head.decode(local, glob, torch.tensor([4]), 0.0, DecodeOptions(candidates=True))
+    assert out.spans.tolist() == [[0, 1, 2, 1]]
+    assert out.scores.tolist() == [1.0] and out.candidates[1].tolist() == [1.0]
+
+
+def test_semicrf_confidences_are_clamped_whatever_the_rounding(monkeypatch):
+    # a marginal above 1 (as rounding can give) must come out as 1 on any machine
+    exact = heads.semicrf_marginals_and_log_z
+
+    def above_one(*args):
+        marginals, log_z = exact(*args)
+        return (marginals > 0) * 1.5, log_z  # every span of the documents: 1.5
+
+    monkeypatch.setattr(heads, "semicrf_marginals_and_log_z", above_one)
+    torch.manual_seed(0)
+    head = SemiCRFHead(4, 2, max_width=3, hidden_width=6, dropout=0.0).eval()
+    out = head.decode(torch.randn((1, 4, 3, 3)), torch.tensor([4]), DecodeOptions(candidates=True))
+    assert len(out.scores) and out.scores.tolist() == [1.0] * len(out.scores)
+    rows, values = out.candidates
+    # 4 + 3 + 2 spans of 4 tokens up to 3 wide, two labels each
+    assert len(values) == 18 and values.tolist() == [1.0] * len(values)
 
 
 def test_a_path_scoring_above_log_z_by_rounding_has_probability_one():
