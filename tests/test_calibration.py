@@ -254,6 +254,28 @@ def test_filtered_confidences_are_clamped_whatever_the_rounding(monkeypatch, nul
     assert out.scores.tolist() == [1.0] and out.candidates[1].tolist() == [1.0]
 
 
+def test_null_token_marginals_are_clamped_before_the_local_probability(monkeypatch):
+    # a node's marginal above 1 (as rounding can give) is 1 before it multiplies the local
+    # probability: the confidence is then that probability, not 1
+    add = heads.add_null_tokens
+
+    def larger_shares(nodes, null):
+        graph = add(nodes, null)
+        return graph._replace(share=graph.share * 1.5)
+
+    monkeypatch.setattr(heads, "add_null_tokens", larger_shares)
+    torch.manual_seed(0)
+    head = FilteredSemiCRFHead(6, 2, max_width=3, hidden_width=8, null_tokens=True).eval()
+    local = torch.full((1, 4, 3, 3), -20.0)
+    local[0, 1, 1, 0], local[0, 1, 1, 1] = 0.0, 1.0  # label 1 against null: probability 0.73
+    glob = torch.zeros((1, 4, 3, 3))
+    glob[0, 1, 1, 1] = 20.0
+    out = head.decode(local, glob, torch.tensor([4]), 0.0, DecodeOptions(candidates=True))
+    label_probability = float(local[0, 1, 1].softmax(0)[1])
+    assert out.spans.tolist() == [[0, 1, 2, 1]]
+    assert out.scores.tolist() == [pytest.approx(label_probability, rel=1e-6)]
+
+
 def test_semicrf_confidences_are_clamped_whatever_the_rounding(monkeypatch):
     # a marginal above 1 (as rounding can give) must come out as 1 on any machine
     exact = heads.semicrf_marginals_and_log_z

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spacy_fsemicrf.structured import compaction as compaction_module
+from spacy_fsemicrf.structured import filtered as filtered_module
 from spacy_fsemicrf.structured.compaction import _length_blocks, _small_clusters
 from spacy_fsemicrf.structured.compaction import compact as compact_list
 from spacy_fsemicrf.structured.filtered import (
@@ -552,3 +553,23 @@ def test_solving_a_node_set_needs_a_known_mode():
     nodes = inference_node_set(torch.randn(1, 3, 2, 3), torch.randn(1, 3, 2, 3), torch.tensor([3]))
     with pytest.raises(ValueError, match="mode must be one of"):
         solve_node_set(nodes, None, "LOG_Z")
+
+
+def test_scanned_marginals_are_clamped_whatever_the_rounding(monkeypatch):
+    """A node's log marginal above 0 (as rounding can give, where one path holds nearly all
+    the mass) is a marginal of 1 on any machine: here the scans' log Z is lowered by 1, so
+    every scanned node's marginal comes out e times too large before the clamp."""
+    lengths, mask, scores, labels, _ = random_nodes(5, 6, 30, 4, 4, 0.3)
+    monkeypatch.setattr(compaction_module, "ENUMERATE_MAX_NODES", 1)
+    exact = filtered_marginals(scores, mask)
+    scan = filtered_module._scan
+
+    def lower_log_z(*args, **kwargs):
+        found = scan(*args, **kwargs)
+        return found._replace(total=found.total - 1)
+
+    monkeypatch.setattr(filtered_module, "_scan", lower_log_z)
+    shifted = filtered_marginals(scores, mask)
+    scanned = shifted != exact  # the cliques are solved on the host, without the scan
+    assert (shifted <= 1).all() and (shifted[scanned] == 1).any()
+    assert torch.allclose(shifted[scanned], (exact[scanned] * math.e).clamp_max(1))
