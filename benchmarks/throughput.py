@@ -132,8 +132,8 @@ def main() -> None:
     parser.add_argument("--reference", default="ner")
     parser.add_argument("--lengths", type=int, nargs="+", default=[10, 35, 150, 1500])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 1])
-    parser.add_argument("--tokens", type=int, default=20000, help="tokens per length (batch 64)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=24000, help="tokens per length (batch 64)")
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--numpy-blas", action="store_true",
                         help="also time every pipeline (as <name>+numpy) with thinc's CPU matrix "
                              "products through NumPy's BLAS instead of blis")
