@@ -38,9 +38,9 @@ from spacy_fsemicrf.calibration import (
     raw_outcomes,
     seen_flags,
 )
+from spacy_fsemicrf.structured import heads
 from spacy_fsemicrf.structured.confidences import CANDIDATE_FLOOR, span_candidates
 from spacy_fsemicrf.structured.prediction import DecodeOptions, path_probability
-from spacy_fsemicrf.structured import heads
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
@@ -237,20 +237,28 @@ def test_filtered_confidences_are_at_most_one():
     assert len(conf) and (conf <= 1).all() and (conf > 0.9).any()
 
 
+def _lone_node(null_tokens: bool, label_score: float, null_score: float = -20.0):
+    """A filtered head's prediction (with candidates) of one node, tokens 1-2 with label 1,
+    whose local scores are ``label_score`` for its label and ``null_score`` for null, and which
+    the path takes (over its null tokens too): its marginal is 1."""
+    torch.manual_seed(0)
+    head = FilteredSemiCRFHead(6, 2, max_width=3, hidden_width=8, null_tokens=null_tokens).eval()
+    local = torch.full((1, 4, 3, 3), -20.0)
+    local[0, 1, 1, 0], local[0, 1, 1, 1] = null_score, label_score
+    glob = torch.zeros((1, 4, 3, 3))
+    glob[0, 1, 1, 1] = 20.0
+    out = head.decode(local, glob, torch.tensor([4]), 0.0, DecodeOptions(candidates=True))
+    assert out.spans.tolist() == [[0, 1, 2, 1]]
+    return out, float(local[0, 1, 1].softmax(0)[1])
+
+
 @pytest.mark.parametrize("null_tokens", [False, True])
 def test_filtered_confidences_are_clamped_whatever_the_rounding(monkeypatch, null_tokens):
     # the problem above depends on how this CPU rounds exp and log; a local probability above 1
     # (as rounding can give) must come out as 1 on any machine, in the entities and candidates
     monkeypatch.setattr(heads, "local_label_probability",
                         lambda local, index, labels: torch.full(index.shape, 1.5))
-    torch.manual_seed(0)
-    head = FilteredSemiCRFHead(6, 2, max_width=3, hidden_width=8, null_tokens=null_tokens).eval()
-    local = torch.full((1, 4, 3, 3), -20.0)
-    local[0, 1, 1, 1] = 20.0  # one node, tokens 1-2, label 1
-    glob = torch.zeros((1, 4, 3, 3))
-    glob[0, 1, 1, 1] = 20.0  # ... that the path takes over its null tokens: marginal 1
-    out = head.decode(local, glob, torch.tensor([4]), 0.0, DecodeOptions(candidates=True))
-    assert out.spans.tolist() == [[0, 1, 2, 1]]
+    out, _ = _lone_node(null_tokens, 20.0)
     assert out.scores.tolist() == [1.0] and out.candidates[1].tolist() == [1.0]
 
 
@@ -264,15 +272,7 @@ def test_null_token_marginals_are_clamped_before_the_local_probability(monkeypat
         return graph._replace(share=graph.share * 1.5)
 
     monkeypatch.setattr(heads, "add_null_tokens", larger_shares)
-    torch.manual_seed(0)
-    head = FilteredSemiCRFHead(6, 2, max_width=3, hidden_width=8, null_tokens=True).eval()
-    local = torch.full((1, 4, 3, 3), -20.0)
-    local[0, 1, 1, 0], local[0, 1, 1, 1] = 0.0, 1.0  # label 1 against null: probability 0.73
-    glob = torch.zeros((1, 4, 3, 3))
-    glob[0, 1, 1, 1] = 20.0
-    out = head.decode(local, glob, torch.tensor([4]), 0.0, DecodeOptions(candidates=True))
-    label_probability = float(local[0, 1, 1].softmax(0)[1])
-    assert out.spans.tolist() == [[0, 1, 2, 1]]
+    out, label_probability = _lone_node(True, 1.0, 0.0)  # label against null: 0.73
     assert out.scores.tolist() == [pytest.approx(label_probability, rel=1e-6)]
 
 
