@@ -4,6 +4,7 @@ and the probability ``exp(score - log Z)``."""
 import math
 import random
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -107,3 +108,14 @@ def test_crf_nbest(seed, k, scheme_name):
             for tags, v in enum.paths
         ]
         check_ranking(out[b], paths, k)
+
+
+@pytest.mark.parametrize("k", [0, -1])
+def test_k_below_one_is_the_same_clear_error_for_every_head(k):
+    scheme = tag_scheme(2, "BIO")
+    lengths = torch.tensor([3])
+    with pytest.raises(ValueError, match=f"^k must be >= 1, got {k}$"):
+        semicrf_nbest(torch.zeros(1, 3, 2, 3), lengths, None, k)
+    with pytest.raises(ValueError, match=f"^k must be >= 1, got {k}$"):
+        crf_nbest(torch.zeros(1, 3, scheme.n_tags), torch.zeros(scheme.n_tags + 1,
+                  scheme.n_tags + 1), lengths, scheme, k)

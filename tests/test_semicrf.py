@@ -299,7 +299,7 @@ def test_empty_batch_and_zero_length_batch():
 
 def test_gold_wider_than_max_width_is_rejected():
     scores = torch.randn((1, 5, 2, 3))
-    with pytest.raises(ValueError, match=r"^gold spans must have 0 <= end - start < max_width=2$"):
+    with pytest.raises(ValueError, match=r"^gold span of width 3 exceeds max_width=2$"):
         semicrf_gold_score(scores, torch.tensor([5]), torch.tensor([[0, 0, 2, 1]]))
 
 

@@ -4,7 +4,17 @@
 * :mod:`.filtered` — the filtered semi-CRF (node sets, log Z, Viterbi, marginals);
 * :mod:`.semicrf` — the exact semi-Markov CRF;
 * :mod:`.linear_crf` — the linear-chain CRF over BIO / BILUO tags;
-* :mod:`.heads` — the three as ``nn.Module`` heads with one interface.
+* :mod:`.heads` — the three as ``nn.Module`` heads with one interface;
+* :mod:`.compaction` — how the filtered graph is solved: clusters, cliques, scanned rows;
+* :mod:`.semiring` — the log-space helpers the dynamic programs share;
+* :mod:`.context`, :mod:`.null_tokens`, :mod:`.mean_field` — the heads' optional parts (a
+  BiLSTM and same-word pooling, null tokens, mean-field refinement of the node scores);
+* :mod:`.confidences`, :mod:`.prediction` — entity confidences, candidates, path
+  probabilities, and what a head returns;
+* :mod:`.constraints`, :mod:`.itemgraphs`, :mod:`.constrained`, :mod:`.pathsearch`,
+  :mod:`.lattice`, :mod:`.nbest` — exact constrained and k-best decoding for the three heads.
+
+Each dynamic program is described in docs/algorithm.md and tested against brute force.
 """
 from .filtered import (
     NodeSet,

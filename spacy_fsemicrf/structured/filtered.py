@@ -34,7 +34,7 @@ import torch
 from .compaction import (
     HostClusters, HostLogPartition, ScanBlock, compact, disjoint, solve_host, to_device,
 )
-from .semiring import NEG, lse, logaddexp, masked_fill_neg
+from .semiring import lse, logaddexp, masked_fill_neg, neg_value
 from .spans import overlap_mask, span_ends
 
 
@@ -156,7 +156,8 @@ def inference_nodes(
     ``local_scores`` is ``[B, L, K, C]``; returns ``(node_mask [B, L, K], node_labels [B, L, K])``.
     ``margin`` (log-odds) moves the filter's threshold: a span is kept when its best entity
     label scores above ``null - margin``, so a positive margin keeps more spans (recall), a
-    negative one fewer (precision). Training always filters at 0, as the paper does.
+    negative one fewer (precision). Training filters at the head's ``train_margin`` (0, as the
+    paper, by default).
     """
     index, labels = _filter(local_scores, lengths, margin)
     shape = tuple(local_scores.shape[:3])
@@ -280,7 +281,7 @@ def _scan(
     start_in = t_in[-1]  # START -> label (row C)
     reduce = (lambda x, d: x.max(d).values) if viterbi else lse
     plus = torch.maximum if viterbi else logaddexp
-    neg = scores.new_full((), NEG)
+    neg = scores.new_full((), neg_value(dtype))
 
     # unbind once: indexing scores[:, s] in the loop would give every step a full-size gradient
     # buffer in backward, making it quadratic in the length.
@@ -288,7 +289,7 @@ def _scan(
     alpha_hist = []  # alpha of the nodes starting at each position: [N, K]
     q_hist = []  # Q[e] = ⊕_l' A[e, l'] ⊗ T_in[l', :], per end e: [N, n_in]
     a_hist = []  # A[e]: [N, n_ch]
-    pending = scores.new_full((N, K, n_ch), NEG)
+    pending = scores.new_full((N, K, n_ch), neg_value(dtype))
     pend_start = torch.zeros((N, K, n_ch), dtype=torch.long, device=device)
     back_end, back_label, best_start = [], [], []
     for s in range(Lc):
@@ -474,7 +475,7 @@ def _solve(
         labels = torch.zeros_like(index) if labels is None else labels
         present = torch.ones_like(index, dtype=torch.bool)
     for block in comp.blocks:
-        scan_scores = _to_scan_grid(scores, block, K, NEG)
+        scan_scores = _to_scan_grid(scores, block, K, neg_value(scores.dtype))
         scan_mask = _to_scan_grid(present, block, K, False)
         scan_labels = _to_scan_grid(labels, block, K, 0)
         if want_marginals:

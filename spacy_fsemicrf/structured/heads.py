@@ -252,6 +252,8 @@ class FilteredSemiCRFHead(nn.Module):
             raise ValueError(f"exact_loss must be >= 0, got {exact_loss}")
         if mean_field < 0:
             raise ValueError(f"mean_field must be >= 0, got {mean_field}")
+        if n_labels < 1:
+            raise ValueError(f"a filtered head needs at least one entity label, got {n_labels}")
         if null_tokens and transitions:
             raise ValueError("null_tokens needs transitions = false: a cell that holds a node "
                              "and a null could not tell their labels apart")
@@ -308,8 +310,10 @@ class FilteredSemiCRFHead(nn.Module):
             raise ValueError("a filtered head with mean_field > 0 needs the token vectors "
                              "(tokens=...) to score its nodes")
         shape = tuple(glob.shape[:3])
-        unary = filtered.label_planes(glob).index_select(1, index).T.float()
-        features = node_features(tokens.float(), index, shape)
+        # the refiner's own precision: float32 under mixed precision, float64 in a double head
+        dtype = self.refiner.dtype
+        unary = filtered.label_planes(glob).index_select(1, index).T.to(dtype)
+        features = node_features(tokens.to(dtype), index, shape)
         logits = self.refiner(unary, features, index, shape)
         return logits.gather(1, labels.unsqueeze(1)).squeeze(1)
 
@@ -334,7 +338,7 @@ class FilteredSemiCRFHead(nn.Module):
         tokens: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         B, L, K, C = local.shape
-        grid = gold_label_grid(gold, lengths, L, K)
+        grid = gold_label_grid(gold, lengths, L, K, C - 1)
         valid = span_mask(lengths, L, K)
         ce = nn.functional.cross_entropy(
             local.reshape(-1, C).float(), grid.reshape(-1), reduction="none"
@@ -359,6 +363,7 @@ class FilteredSemiCRFHead(nn.Module):
         if self.refiner is not None:
             index = filtered.grid_index(mask)
             refined = self.refine(glob, index, labels.view(-1)[index], tokens)
+            refined = refined.to(scores.dtype)  # (float32 losses in a double head too)
             scores = scores.reshape(-1).index_copy(0, index, refined).view_as(scores)
         if self.null_tokens:
             return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid)

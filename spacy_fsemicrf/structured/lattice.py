@@ -62,6 +62,8 @@ def lattice_search(
     where no path is accepted. ``scores [B, L, W, C]``, ``lengths [B]``, ``transitions
     [C + 1, C + 1]`` or None, ``symbols [C]``, ``sentence [B, L + 1]`` (the sentence index of
     each position, see :func:`~.constraints.sentence_index`; only up to each length is read)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
     auto = automaton if automaton is not None else no_constraints()
     if automaton is None:
         symbols = numpy.zeros_like(symbols)

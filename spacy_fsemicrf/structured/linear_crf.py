@@ -13,12 +13,12 @@ than the batch carries its state unchanged through the padding.
 """
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
 from .semiring import logsumexp, lse, masked_fill_neg
-from .spans import token_coverage, token_mask
+from .spans import check_gold_spans, token_coverage, token_mask
 
 __all__ = [
     "TagScheme",
@@ -55,9 +55,9 @@ class TagScheme:
     labels: torch.Tensor
     allowed: torch.Tensor
 
-    def tag(self, kind: str, label):
+    def tag(self, kind: str, label: Union[int, torch.Tensor]) -> Union[int, torch.Tensor]:
         """Id of tag ``kind-label`` (``kind`` one of the scheme's letters); ``label`` may be an
-        int or a LongTensor of label ids."""
+        int or a LongTensor of label ids (the ids come back alike)."""
         letters = _KINDS[self.scheme]
         if kind not in letters:
             raise ValueError(f"{self.scheme} has no {kind!r} tags")
@@ -101,12 +101,11 @@ def spans_to_tags(
     """Tag every token: ``LongTensor[B, L]`` (padding and non-entity tokens are ``O`` = 0).
 
     ``gold`` rows are ``(doc, start, end_inclusive, label)``, non-overlapping within a doc, of
-    any width.
+    any width (else a ``ValueError``).
     """
     device = lengths.device
     B = lengths.shape[0]
-    gold = gold.to(device).long().view(-1, 4)
-    doc, start, end, label = gold.unbind(1)
+    doc, start, end, label = check_gold_spans(gold, lengths, length, None, scheme.n_labels)
     tok_label = token_coverage(doc, start, end, B, length, values=label)  # spans do not overlap
     is_start = torch.zeros((B, length), dtype=torch.bool, device=device)
     is_end = torch.zeros((B, length), dtype=torch.bool, device=device)

@@ -49,7 +49,7 @@ def node_features(X: torch.Tensor, index: torch.Tensor, shape: Tuple[int, int, i
     """``[n, 2D]``: the token vectors ``X [B, L, D]`` at each node's first and last token."""
     B, L, K = shape
     row, width = index // K, index % K
-    flat = X.reshape(B * L, -1)
+    flat = X.reshape(B * L, X.shape[-1])  # (not -1: a batch of empty documents has B * L = 0)
     return torch.cat([flat[row], flat[row + width]], dim=-1)
 
 
@@ -78,6 +78,8 @@ class MeanFieldLayer(nn.Module):
         self, unary: torch.Tensor, Q: torch.Tensor, features: torch.Tensor,
         src: torch.Tensor, dst: torch.Tensor,
     ) -> torch.Tensor:
+        """The logits after one update: ``unary`` plus the messages of each node's neighbours
+        (edges ``src -> dst``) under the current beliefs ``Q``."""
         n = unary.shape[0]
         if src.numel() == 0:
             return unary
@@ -105,10 +107,17 @@ class MeanFieldRefiner(nn.Module):
             MeanFieldLayer(feature_width, n_classes, attention_width) for _ in range(n_modules)
         )
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision of the refiner's weights, which its inputs must have."""
+        return self.layers[0].compatibility.dtype
+
     def forward(
         self, unary: torch.Tensor, features: torch.Tensor, index: torch.Tensor,
         shape: Tuple[int, int, int],
     ) -> torch.Tensor:
+        """The refined logits ``[n, C]`` of the nodes at flat ``[B, L, K]`` grid ``index``
+        (``shape``), from their ``unary`` scores and boundary ``features``."""
         src, dst = node_edges(index, shape)
         logits = unary
         for m in range(self.n_layers):

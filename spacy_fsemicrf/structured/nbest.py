@@ -41,7 +41,6 @@ def _double(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if x is None else x.detach().double()
 
 
-
 @torch.no_grad()
 def filtered_nbest(
     nodes: filtered.NodeSet,

@@ -17,8 +17,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .semiring import NEG, lse, masked_fill_neg
-from .spans import token_coverage, token_mask
+from .semiring import lse, masked_fill_neg, neg_value
+from .spans import check_gold_spans, token_coverage, token_mask
 
 __all__ = [
     "semicrf_log_partition",
@@ -73,7 +73,7 @@ def _end_transitions(transitions: torch.Tensor) -> torch.Tensor:
 
 def _start_state(batch: int, n_classes: int, like: torch.Tensor) -> torch.Tensor:
     """Scan state at position 0: all mass on START (index C)."""
-    state = like.new_full((batch, n_classes + 1), NEG)
+    state = like.new_full((batch, n_classes + 1), neg_value(like.dtype))
     state[:, n_classes] = 0.0
     return state
 
@@ -121,7 +121,7 @@ def semicrf_log_partition(
     enter_T = T[:, :C].t().contiguous()  # [C (next), C + 1 (prev, START last)]
     states = [_start_state(B, C, scores)]
     enters: List[torch.Tensor] = []
-    neg_col = scores.new_full((B, 1), NEG)
+    neg_col = scores.new_full((B, 1), neg_value(scores.dtype))
     E_steps = E.unbind(1)  # see above: no per-step indexing of a tensor that needs a gradient
     for t in range(1, L + 1):
         # Score of opening a segment of each label at position t - 1.
@@ -142,17 +142,15 @@ def semicrf_gold_score(
 
     ``gold`` rows are ``(doc, start, end_inclusive, label 1..M)``, non-overlapping within a doc;
     the segmentation is these entities plus a width-1 null segment on every other token.
-    Raises ``ValueError`` for a gold span wider than ``K`` (it has no score).
+    Raises ``ValueError`` for gold spans that are not such a segmentation, or wider than ``K``
+    (they have no score).
     """
     B, L, K, C = scores.shape
     device = scores.device
     lengths = lengths.to(device).long()
     S = _masked_scores(scores, lengths)
-    gold = gold.to(device).long().view(-1, 4)
-    doc, start, end, label = gold.unbind(1)
+    doc, start, end, label = check_gold_spans(gold, lengths, L, K, C - 1)
     width = end - start
-    if gold.shape[0] and bool(((width < 0) | (width >= K)).any()):
-        raise ValueError(f"gold spans must have 0 <= end - start < max_width={K}")
     if L == 0:
         return _zeros_connected(scores, transitions)
     in_doc = token_mask(lengths, L)  # [B, L]
@@ -216,7 +214,7 @@ def _viterbi(
         states = [_start_state(B, C, scores)]
         enters: List[torch.Tensor] = []
         back_prev: List[torch.Tensor] = []  # back_prev[s][b, c]: best label before c at s
-        neg_col = scores.new_full((B, 1), NEG)
+        neg_col = scores.new_full((B, 1), neg_value(scores.dtype))
         for t in range(1, L + 1):
             value, arg = (states[-1].unsqueeze(1) + enter_T).max(dim=-1)
             enters.append(value)

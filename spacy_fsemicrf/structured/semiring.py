@@ -2,20 +2,31 @@
 
 Masked scores use the finite constant :data:`NEG` instead of ``-inf``: ``logsumexp`` over a row
 that is entirely ``-inf`` has a NaN gradient, and padded rows, empty documents and empty node
-sets produce exactly such rows. ``exp(NEG)`` underflows to zero in float16, float32 and float64,
-so the finite constant changes no result.
+sets produce exactly such rows. The scans compare masked entries with running sums of real
+scores, which grow with a document's length, so :data:`NEG` lies far below any such sum
+(a document's scores would have to add up to -1e29). Next to a real entry a masked one adds
+at most ``exp(EXP_FLOOR)`` of it (below), under float64's precision, so the finite constant
+changes no result.
 """
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 
-NEG = -1e4
+NEG = -1e30
 """Score of an impossible item (padding, masked transition, absent node)."""
+
+# float16 cannot hold NEG (it would round to -inf): a quarter of its lowest value instead
+_NARROW: Dict[torch.dtype, float] = {torch.float16: torch.finfo(torch.float16).min / 4}
+
+
+def neg_value(dtype: torch.dtype) -> float:
+    """:data:`NEG` as a tensor of ``dtype`` can hold it."""
+    return _NARROW.get(dtype, NEG)
 
 
 def masked_fill_neg(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Return ``scores`` with the entries where ``keep`` is False replaced by :data:`NEG`."""
-    return torch.where(keep, scores, scores.new_full((), NEG))
+    return torch.where(keep, scores, scores.new_full((), neg_value(scores.dtype)))
 
 
 # Shifted scores are clamped here before ``exp``: PyTorch's CPU ``exp`` leaves its vectorised

@@ -58,35 +58,65 @@ def _span_ends(length: int, max_width: int, device: torch.device) -> torch.Tenso
 
 
 def gold_label_grid(
-    gold: torch.Tensor, lengths: torch.Tensor, length: int, max_width: int
+    gold: torch.Tensor, lengths: torch.Tensor, length: int, max_width: int,
+    n_labels: Optional[int] = None,
 ) -> torch.Tensor:
     """Scatter gold rows ``(doc, start, end, label)`` into a ``LongTensor[B, L, K]`` of labels.
 
     Entries that are not gold spans hold 0 (null). Raises ``ValueError`` for a span outside its
-    document, wider than ``max_width``, with a label below 1, or overlapping another gold span:
-    the structured heads assume a valid segmentation, and a silent drop would hide a data bug.
+    document, wider than ``max_width``, with a label below 1 (or above ``n_labels``), or
+    overlapping another gold span (:func:`check_gold_spans`): the structured heads assume a
+    valid segmentation, and a silent drop would hide a data bug.
     """
     grid = torch.zeros(
         (lengths.shape[0], length, max_width), dtype=torch.long, device=lengths.device
     )
     if gold.numel() == 0:
         return grid
+    doc, start, end, label = check_gold_spans(gold, lengths, length, max_width, n_labels)
+    grid[doc, start, end - start] = label
+    return grid
+
+
+def check_gold_spans(
+    gold: torch.Tensor,
+    lengths: torch.Tensor,
+    length: int,
+    max_width: Optional[int] = None,
+    n_labels: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The columns ``(doc, start, end, label)`` of gold rows ``[N, 4]`` (on the device of
+    ``lengths``), once checked: a ``ValueError`` for a row that does not fit the batch's shape,
+    a span outside its document, wider than ``max_width`` (if given), with a label below 1 or
+    above ``n_labels`` (if given), or overlapping another gold span."""
     gold = gold.to(lengths.device).long()
+    if gold.numel() == 0:
+        gold = gold.reshape(0, 4)
+    if gold.dim() != 2 or gold.shape[1] != 4:
+        raise ValueError(
+            f"gold must be rows (doc, start, end, label), [N, 4], got {tuple(gold.shape)}"
+        )
     doc, start, end, label = gold.unbind(-1)
+    if not gold.shape[0]:
+        return doc, start, end, label
+    if bool((doc < 0).any() or (doc >= lengths.shape[0]).any()):
+        raise ValueError(f"gold span of a document outside the batch of {lengths.shape[0]}")
     width = end - start
-    if bool((start < 0).any() or (end >= lengths[doc]).any() or (width < 0).any()):
+    if bool((start < 0).any() or (end >= lengths[doc]).any() or (width < 0).any()
+            or (end >= length).any()):
         raise ValueError("gold span outside its document (or end < start)")
-    if bool((width >= max_width).any()):
+    if max_width is not None and bool((width >= max_width).any()):
         raise ValueError(
             f"gold span of width {int(width.max()) + 1} exceeds max_width={max_width}"
         )
     if bool((label < 1).any()):
         raise ValueError("gold span labels must be entity ids >= 1 (0 is null)")
+    if n_labels is not None and bool((label > n_labels).any()):
+        raise ValueError(f"gold span label {int(label.max())} is not one of the {n_labels} labels")
     cover = token_coverage(doc, start, end, lengths.shape[0], length)
     if bool((cover > 1).any()):
         raise ValueError("gold spans overlap within a document")
-    grid[doc, start, width] = label
-    return grid
+    return doc, start, end, label
 
 
 def boundary_neighbors(
