@@ -1,41 +1,47 @@
 """spaCy pipeline component for named entity recognition with a Filtered Semi-Markov CRF
 (Zaratiana et al., 2023), plus exact semi-CRF and linear-chain CRF baselines.
 
-Importing the package registers the ``fsemicrf_ner`` factory, the ``spacy-fsemicrf.*``
-architectures, the ``spacy-fsemicrf.ner_scorer.v1`` scorer and the
-``spacy-fsemicrf.entity_token_replacement.v1`` augmenter (the entry points in setup.cfg
-make spaCy find them without an import).
+spaCy finds the ``fsemicrf_ner`` factory, the ``spacy-fsemicrf.*`` architectures, the
+``spacy-fsemicrf.ner_scorer.v1`` scorer, the ``spacy-fsemicrf.calibrate.v1`` callback and the
+``spacy-fsemicrf.entity_token_replacement.v1`` augmenter through the entry points in setup.cfg;
+importing the module that defines one registers it as well.
 
-``spacy_fsemicrf.structured`` needs only PyTorch: without spaCy installed, the package imports
-and the structured layer works; only the spaCy layer is missing.
+The names below are imported on first use, so that ``spacy_fsemicrf.structured``, which needs
+only PyTorch, imports neither spaCy nor Thinc: a researcher can use the structured layer alone,
+with or without spaCy installed.
 """
+import importlib
+from typing import Any, Dict, List
+
 __version__ = "0.1.0"
 
 from . import fork_safety  # noqa: E402,F401  (forked workers run PyTorch on one thread)
 
-try:
-    import spacy  # noqa: F401
-except ImportError:  # the structured layer alone, for research use without spaCy
-    pass
-else:
-    from .msgpack_lookups import remember_msgpack_lookups
+# public name -> the module that defines it
+_LAZY: Dict[str, str] = {
+    "DEFAULT_MODELS": "component",
+    "FSemiCRFEntityRecognizer": "component",
+    "make_fsemicrf_ner": "component",
+    "ModelInput": "architectures",
+    "build_filtered_semicrf": "architectures",
+    "build_semicrf": "architectures",
+    "build_linear_crf": "architectures",
+    "create_entity_token_replacement": "augment",
+    "make_ner_scorer": "scorer",
+    "ner_score": "scorer",
+}
 
-    remember_msgpack_lookups()  # every process that may hold a pipeline, before it forks
-    from .augment import create_entity_token_replacement
-    from .architectures import ModelInput, build_filtered_semicrf, build_linear_crf, build_semicrf
-    from .component import DEFAULT_MODELS, FSemiCRFEntityRecognizer, make_fsemicrf_ner
-    from .scorer import make_ner_scorer, ner_score
+__all__ = [*_LAZY, "__version__"]
 
-__all__ = [
-    "DEFAULT_MODELS",
-    "ModelInput",
-    "FSemiCRFEntityRecognizer",
-    "make_fsemicrf_ner",
-    "build_filtered_semicrf",
-    "build_semicrf",
-    "build_linear_crf",
-    "create_entity_token_replacement",
-    "make_ner_scorer",
-    "ner_score",
-    "__version__",
-]
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -36,9 +36,13 @@ from .doc_constraints import check_constraints, constraints_of_docs
 from .scorer import ner_score
 from .structured.constraints import Constraint, constraints_to_dicts
 from .head_model import BatchPrediction
+from .msgpack_lookups import remember_msgpack_lookups
 from .structured.prediction import DecodeOptions
 
 logger = logging.getLogger("spacy_fsemicrf")
+
+# every process that holds this component has imported this module, before any fork
+remember_msgpack_lookups()
 
 DEFAULT_SPANS_KEY = "fsemicrf"
 SEEN_ENTITIES = "seen_entities"  # serialization key of FSemiCRFEntityRecognizer.seen_entities
@@ -536,7 +540,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """Write the output of :meth:`predict`: the entities scoring at least ``threshold``
         (calibrated scores with a calibration map, raw confidences without) to
         ``doc.spans[spans_key]`` and ``doc.ents``, the path probability, the constraint
-        reports, the candidates."""
+        reports, the candidates. No entity starts or ends on a whitespace token
+        (:func:`trim_whitespace`)."""
         docs = list(docs)
         if self.calibration is None and not self._warned_uncalibrated and len(prediction.spans):
             self._warned_uncalibrated = True
@@ -546,9 +551,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 "set: python -m spacy_fsemicrf calibrate MODEL DEV.spacy",
                 self.name, self.spans_key,
             )
-        scores = apply_calibration(self.calibration, prediction.scores,
-                                   self._seen(docs, prediction.spans))
-        entities = prediction.spans
+        entities, raw = prediction.spans, prediction.scores
+        keep = trim_whitespace(docs, entities)
+        if keep is not None:
+            entities, raw = entities[keep], raw[keep]
+        scores = apply_calibration(self.calibration, raw, self._seen(docs, entities))
         if self._threshold > 0:
             keep = scores >= self._threshold
             entities, scores = entities[keep], scores[keep]
@@ -585,8 +592,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         that the tok2vec's vectors are there), best first: one span group each, named
         ``<spans_key>_nbest_<rank>`` (rank from 1), with the segmentation's probability in
         ``attrs["probability"]``. Fewer than ``k`` where the document has fewer: the filtered
-        head ranks the paths of the graph its ``filter_margin`` keeps, often a single one.
-        Constraints do not apply."""
+        head ranks the paths of the graph its ``filter_margin`` keeps, often a single one; and
+        segmentations that differ only in whitespace tokens at entity edges count as one (the
+        entities are trimmed as in :meth:`set_annotations`). Constraints do not apply."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         listener = "listener" in self.model.get_ref("tok2vec").name
@@ -596,12 +604,23 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"vectors come from the shared tok2vec component): nbest(nlp(text), k)."
             )
         found = model_nbest(self.model, [doc], k, self._filter_margin)[0]
+        # segmentations that differ only in whitespace at entity edges are one once trimmed:
+        # its probability is the sum of theirs
+        merged: Dict[Tuple[Tuple[int, ...], ...], float] = {}
+        for seg in found:
+            rows = numpy.array([(0, *span) for span in seg.spans], dtype="int64").reshape(-1, 4)
+            keep = trim_whitespace([doc], rows)
+            rows = rows if keep is None else rows[keep]
+            entities = tuple(map(tuple, rows[:, 1:].tolist()))
+            merged[entities] = merged.get(entities, 0.0) + seg.prob
+        ranked = sorted(merged.items(), key=lambda item: -item[1])  # stable: ties keep their rank
         labels = self.labels
         groups = []
-        for rank, seg in enumerate(found):
-            spans = [Span(doc, start, end + 1, label=labels[label - 1]) for start, end, label in seg.spans]
+        for rank, (entities, prob) in enumerate(ranked):
+            spans = [Span(doc, start, end + 1, label=labels[label - 1])
+                     for start, end, label in entities]
             group = SpanGroup(doc, name=f"{self.spans_key}_nbest_{rank + 1}", spans=spans)
-            group.attrs["probability"] = seg.prob
+            group.attrs["probability"] = min(prob, 1.0)  # (a sum may round above 1)
             groups.append(group)
         return groups
 
@@ -694,6 +713,28 @@ def _span_groups(
         group.attrs["scores"] = numpy.array(scores[a:b], dtype="float32")
         out.append((spans, group))
     return out
+
+
+def trim_whitespace(docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:
+    """Entity ``rows`` ``(doc, start, end inclusive, label)`` without whitespace tokens at
+    their edges, as spaCy's ``ner`` never starts an entity on one: a head that learnt from text
+    without such tokens may put one there (a double space before a name). The rows are trimmed
+    in place; the return value is None when every row stays, else the indices of the rows to
+    keep (those of whitespace only are left out)."""
+    keep = None
+    for i, (d, start, end) in enumerate(rows[:, :3].tolist()):
+        doc = docs[d]
+        if not (doc[start].is_space or doc[end].is_space):
+            continue
+        while start <= end and doc[start].is_space:
+            start += 1
+        while end >= start and doc[end].is_space:
+            end -= 1
+        if keep is None:
+            keep = numpy.ones(len(rows), dtype=bool)
+        keep[i] = start <= end
+        rows[i, 1], rows[i, 2] = start, end
+    return None if keep is None else numpy.flatnonzero(keep)
 
 
 def _doc_bounds(rows: numpy.ndarray, n_docs: int) -> List[int]:

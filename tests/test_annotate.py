@@ -124,6 +124,9 @@ def check_output(out: Path, expected, vocab) -> None:
     assert [{**r, "score": None} for r in got] == [{**r, "score": None} for r in records]
     assert [r["score"] for r in got] == pytest.approx([r["score"] for r in records], abs=1e-5)
     assert not list((out / "shards").glob(".*"))  # no temporary file left
+    # the output directory as a string, as in docs/scaling.md
+    assert [doc.user_data["id"] for doc in read_output(str(out), vocab)] == ids
+    assert read_entities(str(out)) == got
 
 
 def test_two_workers_annotate_like_nlp_pipe(client, model_dir, corpus, expected, tmp_path):

@@ -1,5 +1,6 @@
 """The fsemicrf_ner component: labels, training, annotations, serialization, odd input."""
 import logging
+import math
 
 import numpy
 import pytest
@@ -425,3 +426,35 @@ def test_loading_with_an_incompatible_config_is_a_clear_error(trained_nlp, tmp_p
     config.to_disk(path / "config.cfg")
     with pytest.raises(ValueError, match=match):
         spacy.load(path)
+
+
+def test_entities_never_start_or_end_on_whitespace(trained_nlp, monkeypatch):
+    """A head trained on text without whitespace tokens may put an entity edge on one (a double
+    space before a name): the entity is trimmed, in doc.ents, its span group and the n-best, and
+    one of whitespace only is left out, as spaCy's ner never starts an entity on whitespace."""
+    from spacy_fsemicrf import component
+    from spacy_fsemicrf.head_model import BatchPrediction
+    from spacy_fsemicrf.structured.nbest import Segmentation
+
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    doc = trained_nlp.make_doc("\nJohn Smith  went to  Paris .  ")
+    assert [t.is_space for t in doc] == [True, False, False, True, False, False, True, False,
+                                         False, True]
+    per, loc = ner.labels.index("PER") + 1, ner.labels.index("LOC") + 1
+    rows = numpy.array([[0, 0, 2, per], [0, 3, 3, loc], [0, 6, 7, loc], [0, 9, 9, loc]])
+    scores = numpy.array([0.9, 0.8, 0.7, 0.6], dtype="float32")
+    ner.set_annotations([doc], BatchPrediction(rows, scores, numpy.ones(1, dtype="float32")))
+    assert [(e.text, e.label_) for e in doc.ents] == [("John Smith", "PER"), ("Paris", "LOC")]
+    group = doc.spans[ner.spans_key]
+    assert list(group) == list(doc.ents)
+    assert group.attrs["scores"].tolist() == pytest.approx([0.9, 0.7])
+    # segmentations that differ only in an edge's whitespace are one, with both probabilities
+    found = [Segmentation(((6, 7, loc),), 2.0, math.log(0.5)),
+             Segmentation(((7, 7, loc),), 1.9, math.log(0.3)),
+             Segmentation(((1, 2, per),), 1.8, math.log(0.2))]
+    monkeypatch.setattr(component, "model_nbest", lambda *args: [found])
+    best = ner.nbest(doc, 3)
+    assert [[(s.text, s.label_) for s in g] for g in best] == [[("Paris", "LOC")],
+                                                               [("John Smith", "PER")]]
+    assert [g.attrs["probability"] for g in best] == pytest.approx([0.8, 0.2])
+    assert [g.name for g in best] == [f"{ner.spans_key}_nbest_1", f"{ner.spans_key}_nbest_2"]

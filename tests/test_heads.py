@@ -316,6 +316,8 @@ def test_filtered_head_validates_its_arguments():
     with pytest.raises(ValueError, match="null_weight"):
         FilteredSemiCRFHead(D, M, null_weight=1.5)
     FilteredSemiCRFHead(D, M, null_weight=1.0)  # the paper's unweighted loss is allowed
+    with pytest.raises(ValueError, match="^a filtered head needs at least one entity label"):
+        FilteredSemiCRFHead(D, 0)
     head = FilteredSemiCRFHead(D, M, max_width=2)
     with pytest.raises(ValueError, match="max_width"):
         head(torch.randn(1, 5, D), torch.tensor([5]), torch.tensor([[0, 0, 3, 1]]))
@@ -415,11 +417,18 @@ def test_deeper_span_scorer_trains_every_layer(name):
                for layer in head.scorer.hidden)
 
 
-def test_the_structured_layer_works_without_spacy():
-    """The structured layer is plain PyTorch: it imports and runs with spaCy and Thinc hidden."""
+def run_python_printing_ok(code: str) -> None:
+    """Run ``code`` in a fresh interpreter, which must print ``ok`` and nothing else."""
     import subprocess
     import sys
 
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_the_structured_layer_works_without_spacy():
+    """The structured layer is plain PyTorch: it imports and runs with spaCy and Thinc hidden."""
     code = (
         "import sys\n"
         "sys.modules['spacy'] = None\n"
@@ -433,9 +442,43 @@ def test_the_structured_layer_works_without_spacy():
         "assert 'spacy_fsemicrf.component' not in sys.modules\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    run_python_printing_ok(code)
+
+
+def test_the_structured_layer_does_not_import_spacy():
+    """With spaCy installed, importing the structured layer (and the package's public names
+    of it) still loads neither spaCy nor Thinc; the package's spaCy names load on first use."""
+    code = (
+        "import sys\n"
+        "import spacy_fsemicrf.structured\n"
+        "from spacy_fsemicrf.structured import semicrf, linear_crf, filtered, constraints\n"
+        "assert 'spacy' not in sys.modules and 'thinc' not in sys.modules, 'imported spaCy'\n"
+        "import spacy_fsemicrf\n"
+        "assert 'spacy' not in sys.modules\n"
+        "from spacy_fsemicrf import DEFAULT_MODELS, FSemiCRFEntityRecognizer\n"
+        "assert 'spacy' in sys.modules and 'spacy_fsemicrf.component' in sys.modules\n"
+        "assert spacy_fsemicrf.make_fsemicrf_ner.__module__ == 'spacy_fsemicrf.component'\n"
+        "try:\n"
+        "    spacy_fsemicrf.no_such_name\n"
+        "except AttributeError:\n"
+        "    print('ok')\n"
+    )
+    run_python_printing_ok(code)
+
+
+def test_importing_the_component_remembers_the_msgpack_lookups():
+    """The processes ``nlp.pipe(n_process=N)`` forks inherit srsly's remembered lookups, because
+    any process with the component has imported its module."""
+    code = (
+        "from srsly.msgpack import msgpack_encoders\n"
+        "assert not getattr(msgpack_encoders.get_all, 'remembers', False)\n"
+        "import spacy\n"
+        "nlp = spacy.blank('en')\n"
+        "nlp.add_pipe('fsemicrf_ner')  # found through the entry point\n"
+        "assert msgpack_encoders.get_all.remembers and not msgpack_encoders.entry_points\n"
+        "print('ok')\n"
+    )
+    run_python_printing_ok(code)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -614,3 +657,22 @@ def test_filtered_head_filters_at_margin_zero_unless_told():
                                ({}, {"filter_margin": 0.0}, {"filter_margin": 1.0}))
     assert torch.equal(default[0], zero[0]) and torch.equal(default[1], zero[1])
     assert not torch.equal(default[0], wide[0])
+
+
+@pytest.mark.parametrize("name", ["FilteredSemiCRF", "SemiCRF", "LinearCRF"])
+@pytest.mark.parametrize("gold, message", [
+    ([[0, 0, 1, 1], [0, 1, 2, 2]], "^gold spans overlap within a document$"),
+    ([[1, 3, 4, 1]], "^gold span outside its document"),  # document 1 has 4 tokens
+    ([[0, 2, 3, 0]], "^gold span labels must be entity ids >= 1"),
+    ([[0, 2, 3, M + 1]], f"^gold span label {M + 1} is not one of the {M} labels$"),
+    ([[2, 0, 0, 1]], "^gold span of a document outside the batch of 2$"),
+    ([[0, 0, 1]], r"^gold must be rows \(doc, start, end, label\), \[N, 4\], got \(1, 3\)$"),
+])
+def test_every_head_rejects_gold_that_is_no_segmentation(name, gold, message):
+    """The heads' losses assume the gold spans segment each document; anything else is a data
+    bug that a loss would hide, so each head says what is wrong."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K)
+    X, lengths = torch.randn(2, 6, D), torch.tensor([6, 4])
+    with pytest.raises(ValueError, match=message):
+        head(X, lengths, torch.tensor(gold))

@@ -14,13 +14,14 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Set
+from typing import Any, Dict, Iterable, List, Set, Union
 
 import numpy
 import srsly
 from spacy.attrs import DEP, ENT_ID, ENT_KB_ID, ENT_TYPE, LEMMA, MORPH, NORM, ORTH, SPACY, TAG
 from spacy.language import Language
 from spacy.tokens import Doc, DocBin
+from spacy.vocab import Vocab
 
 from .inputs import AnnotateError, Shard
 
@@ -203,8 +204,9 @@ def _replace(final: Path, data: bytes) -> None:
     os.replace(tmp, final)
 
 
-def read_output(output: Path, vocab) -> List[Doc]:
+def read_output(output: Union[str, Path], vocab: Vocab) -> List[Doc]:
     """Every annotated document of OUTPUT, in input order (ids in ``doc.user_data["id"]``)."""
+    output = Path(output)
     manifest = _read_manifest(output / "manifest.json")
     docs: List[Doc] = []
     for shard in manifest["shards"]:
@@ -215,8 +217,8 @@ def read_output(output: Path, vocab) -> List[Doc]:
     return docs
 
 
-def read_entities(output: Path) -> List[Dict[str, Any]]:
+def read_entities(output: Union[str, Path]) -> List[Dict[str, Any]]:
     """The records of OUTPUT/entities.jsonl."""
-    with (output / "entities.jsonl").open(encoding="utf8") as f:
+    with (Path(output) / "entities.jsonl").open(encoding="utf8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
