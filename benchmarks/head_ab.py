@@ -7,10 +7,10 @@ were at another revision, against the working tree's, in one process.
                spacy_fsemicrf/structured/heads.py:_SpanScorer._score
 
 Each ``--swap FILE:QUALNAME`` names a function or method; its source at ``--reference`` (read
-with ``git show``) is compiled in the namespace of today's module, so it calls today's
+with ``git show``) is compiled in the namespace of the working tree's module, so it calls its
 helpers, and the other swapped functions of that module as they were: a helper that the change
-removed or renamed must be swapped too (a name missing from today's code is added for the
-reference runs only). Modules that imported a swapped function by name get the swap as well.
+removed or renamed must be swapped too (a name missing from the working tree's code is added
+for the reference runs only). Modules that imported a swapped function by name get the swap as well.
 Documents of each length are cut from the test set's running text (as in
 ``profile_predict.py``) and run through the tok2vec once; then both versions predict and
 annotate copies of them, alternating batch by batch, in ``--rounds`` rounds (the first two
@@ -45,8 +45,8 @@ _NAMESPACES: Dict[str, Dict[str, Any]] = {}
 
 
 def reference_function(revision: str, spec: str) -> Tuple[List[Slot], Any]:
-    """The slots that hold the function ``spec`` (``FILE:QUALNAME``) today, and its source at
-    ``revision`` compiled in today's module namespace."""
+    """The slots that hold the function ``spec`` (``FILE:QUALNAME``) in the working tree, and
+    its source at ``revision`` compiled in the working tree's module namespace."""
     path, qualname = spec.split(":")
     source = subprocess.check_output(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], text=True)
     module = __import__(path[:-3].replace("/", "."), fromlist=["_"])
@@ -54,7 +54,7 @@ def reference_function(revision: str, spec: str) -> Tuple[List[Slot], Any]:
     for name in qualname.split("."):
         children = ast.iter_child_nodes(node)
         node = next((n for n in children if getattr(n, "name", None) == name), None)
-        if node is None:  # new today: the reference runs without it (a class inherits it)
+        if node is None:  # new in the working tree: the reference runs without it (or inherits it)
             owner = _owner(module, qualname)
             return [(owner, qualname.split(".")[-1])], None
     # one namespace per module: reference functions that call each other get each other
@@ -66,10 +66,10 @@ def reference_function(revision: str, spec: str) -> Tuple[List[Slot], Any]:
     owner = _owner(module, qualname)
     slots = [(owner, node.name)]
     if owner is module and hasattr(module, node.name):  # imported by name elsewhere
-        today = getattr(module, node.name)
+        current = getattr(module, node.name)
         slots += [(m, node.name) for name, m in sys.modules.items()
                   if name.startswith("spacy_fsemicrf") and m is not module
-                  and getattr(m, node.name, None) is today]
+                  and getattr(m, node.name, None) is current]
     return slots, staticmethod(function) if static else function
 
 
@@ -82,14 +82,16 @@ def _owner(module: Any, qualname: str) -> Any:
 
 
 def switcher(revision: str, specs: List[str]) -> Callable[[str], None]:
-    """``use("reference")`` puts the reference functions in place, ``use("today")`` today's."""
-    versions: Dict[str, Dict[Slot, Any]] = {"reference": {}, "today": {}}
+    """``use("reference")`` puts the reference functions in place, ``use("current")`` the
+    working tree's."""
+    versions: Dict[str, Dict[Slot, Any]] = {"reference": {}, "current": {}}
     for spec in specs:
         slots, function = reference_function(revision, spec)
         for owner, attr in slots:
             versions["reference"][owner, attr] = function
-            today = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr, None)
-            versions["today"][owner, attr] = today
+            current = (owner.__dict__.get(attr) if isinstance(owner, type)
+                       else getattr(owner, attr, None))
+            versions["current"][owner, attr] = current
 
     def use(which: str) -> None:
         for (owner, attr), value in versions[which].items():
@@ -131,11 +133,11 @@ def main() -> None:
         for _, pipe in before:
             docs = list(pipe.pipe(docs, batch_size=64))
         # the two versions alternate batch by batch, so that both meet the same load
-        times: Dict[str, List[float]] = {"reference": [], "today": []}
+        times: Dict[str, List[float]] = {"reference": [], "current": []}
         for r in range(args.rounds):
-            total = {"reference": 0.0, "today": 0.0}
+            total = {"reference": 0.0, "current": 0.0}
             for k, i in enumerate(range(0, len(docs), batch_size)):
-                for which in ("reference", "today") if (r + k) % 2 else ("today", "reference"):
+                for which in ("reference", "current") if (r + k) % 2 else ("current", "reference"):
                     use(which)
                     batch = [d.copy() for d in docs[i:i + batch_size]]
                     if args.tok2vec:
@@ -146,9 +148,10 @@ def main() -> None:
                     total[which] += time.thread_time() - t0
             for which, seconds in total.items():
                 times[which].append(seconds / len(docs) * 1e6)
-        use("today")
-        ref, today = (statistics.median(times[w][2:]) for w in ("reference", "today"))
-        print(f"| {length} | {batch_size} | {ref:.1f} | {today:.1f} | {today / ref:.3f}x |", flush=True)
+        use("current")
+        ref, current = (statistics.median(times[w][2:]) for w in ("reference", "current"))
+        print(f"| {length} | {batch_size} | {ref:.1f} | {current:.1f} | {current / ref:.3f}x |",
+              flush=True)
 
 
 if __name__ == "__main__":

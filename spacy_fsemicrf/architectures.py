@@ -95,18 +95,16 @@ def build_filtered_semicrf(
         document with the same lower-case form, so that the mentions of a name share evidence.
     null_tokens (bool): let a path leave kept nodes out (a scored null for every covered
         token), so that the path CRF can overrule the filter; needs transitions = false.
-        Defaults to False, the paper's graph, for pipelines saved before the setting existed.
+        False, the paper's graph, by default.
     train_margin (float): the filter's margin (log-odds) when it picks the training nodes; 0,
-        the paper's, by default (for pipelines saved before the setting existed too).
+        the paper's, by default.
     mean_field (int): mean-field layers refining the kept nodes' global scores from the nodes
-        that overlap or touch them, before the path CRF; 0, the paper's graph, by default (for
-        pipelines saved before the setting existed too).
+        that overlap or touch them, before the path CRF; 0, the paper's graph, by default.
     exact_loss (float): weight of an exact semi-CRF loss of the global scores over every
-        segmentation, added in training; 0 by default (pipelines saved before the setting
-        existed load with it).
+        segmentation, added in training; 0 by default.
     focal_gamma (float): gamma of a focal local loss, each span's cross-entropy times
-        ``(1 - p)^gamma``; 0, the plain cross-entropy, by default (and for pipelines saved
-        before the setting existed).
+        ``(1 - p)^gamma``; 0, the plain cross-entropy, by default.
+    The settings with a default may be left out of a config, which then gets the default.
     mixed_precision (bool): run the head under CUDA autocast.
     grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
@@ -164,8 +162,8 @@ def build_linear_crf(
 ) -> Model[ModelInput, Any]:
     """Linear-chain CRF over BIO or BILUO token tags (emissions from a hidden layer of
     ``hidden_width``, over a BiLSTM of ``context_depth`` layers if above 0, and with
-    ``word_pool`` the same-word pooling of the span heads). Trains on entities of any width;
-    ``max_width`` only bounds the span heads' constrained and n-best decoding."""
+    ``word_pool`` the same-word pooling of the span heads). Trains on and predicts entities of
+    any width; ``max_width`` bounds only the spans of its ``candidates_key`` group."""
     kwargs = dict(max_width=max_width, hidden_width=hidden_width, scheme=scheme, dropout=dropout,
                   context_depth=context_depth, word_pool=word_pool)
     return build_structured_model("LinearCRF", tok2vec, kwargs, span_head=False,

@@ -21,7 +21,7 @@ Fitting it:
   ``[training.before_to_disk]``: every saved pipeline (``model-last``, hence ``model-best``)
   carries a map fitted on the dev corpus;
 * for a trained pipeline: ``python -m spacy_fsemicrf calibrate MODEL DEV.spacy`` (with
-  ``--train TRAIN.spacy`` for a pipeline saved before it recorded its training entities);
+  ``--train TRAIN.spacy`` for a pipeline that does not carry its training entities);
 * from Python: :func:`calibrate_component`.
 
 Only the documents given are read: fit on a development split, never on the test set. A few

@@ -60,8 +60,8 @@ def serialize_head(module: torch.nn.Module) -> bytes:
 
 
 def _head_defaults(arch: str) -> Dict[str, Any]:
-    """The keyword defaults of a head class: a head saved before a setting existed was built
-    with its default, so it loads under a config that gives that value."""
+    """The keyword defaults of a head class: a saved head whose record lacks a setting was
+    built with its default, so it loads under a config that gives that value."""
     if arch not in HEADS:
         return {}
     params = inspect.signature(HEADS[arch].__init__).parameters.values()
