@@ -573,3 +573,44 @@ def test_scanned_marginals_are_clamped_whatever_the_rounding(monkeypatch):
     scanned = shifted != exact  # the cliques are solved on the host, without the scan
     assert (shifted <= 1).all() and (shifted[scanned] == 1).any()
     assert torch.allclose(shifted[scanned], (exact[scanned] * math.e).clamp_max(1))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("use_t", [False, True])
+def test_a_node_scored_minus_infinity_is_on_no_path_with_any_probability(seed, use_t):
+    """Against enumeration, where such a node's paths weigh exp(-inf) = 0: finite log Z, best
+    score and marginals (0 for that node), and a gradient without NaN, on host clusters and on
+    the scan (transitions)."""
+    gen = torch.Generator().manual_seed(seed)
+    B, L, K, C = 1, 6, 3, 3
+    mask = torch.rand((B, L, K), generator=gen) < 0.6
+    mask &= span_mask(torch.tensor([L]), L, K)
+    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 0] = True  # (0..1) at -inf, overlapping others
+    scores = torch.randn((B, L, K), generator=gen, dtype=DTYPE)
+    scores[0, 0, 1] = -math.inf
+    labels = torch.randint(1, C, (B, L, K), generator=gen) * mask
+    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    x = scores.clone().requires_grad_()
+    log_z = filtered_log_partition(x, mask, labels, T)
+    log_z.sum().backward()
+    _, best = filtered_viterbi(scores, mask, labels, T)
+    marginals = filtered_marginals(scores, mask, labels, T)
+    grid = [tuple(x) for x in mask[0].nonzero().tolist()]
+    nodes = [(i, i + w, int(labels[0, i, w]), float(scores[0, i, w])) for i, w in grid]
+    enum = filtered_enumerate(nodes, T)
+    assert log_z.item() == pytest.approx(enum.log_z, abs=1e-9)
+    assert best.item() == pytest.approx(enum.best_score, abs=1e-9)
+    got = [marginals[0, i, w].item() for i, w in grid]
+    assert got == pytest.approx(enum.marginals.tolist(), abs=1e-9)
+    assert marginals[0, 0, 1].item() == 0.0 and not x.grad.isnan().any()
+    assert [x.grad[0, i, w].item() for i, w in grid] == pytest.approx(got, abs=1e-9)
+
+
+def test_grids_that_do_not_fit_are_clear_errors():
+    mask = torch.zeros((2, 4, 3), dtype=torch.bool)
+    mask[0, 3, 1] = True  # tokens 3..4 of a 4-token grid: it would run into document 1
+    scores = torch.zeros((2, 4, 3))
+    with pytest.raises(ValueError, match=r"^a node \(i, w\) must end inside the grid: i \+ w < L$"):
+        filtered_log_partition(scores, mask)
+    with pytest.raises(ValueError, match=r"share one \[B, L, K\] shape, got \(2, 5, 3\), \(2, 4, 3\)"):
+        filtered_viterbi(torch.zeros((2, 5, 3)), mask)

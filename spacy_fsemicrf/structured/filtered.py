@@ -502,12 +502,24 @@ def _solve_grid(
     node_index: Optional[torch.Tensor] = None,
 ) -> _Solution:
     """:func:`_solve` for nodes given as ``[B, L, K]`` grids (only the nodes' entries are read;
-    the rest of ``node_scores`` may hold anything), its per-node results back on the grid."""
+    the rest of ``node_scores`` may hold anything), its per-node results back on the grid.
+    A node scored ``-inf`` is one no path can take with any probability (NaN-free: its score
+    becomes :data:`~.semiring.NEG`)."""
+    if node_scores.shape != node_mask.shape or (
+            node_labels is not None and node_labels.shape != node_mask.shape):
+        raise ValueError(
+            f"node scores, mask and labels must share one [B, L, K] shape, got "
+            f"{tuple(node_scores.shape)}, {tuple(node_mask.shape)} and "
+            f"{None if node_labels is None else tuple(node_labels.shape)}"
+        )
     if node_index is None:
         node_index = _flat_nonzero(node_mask)
-    labels = None if node_labels is None else node_labels.reshape(-1)[node_index]
     shape = tuple(node_mask.shape)
-    scores = node_scores.reshape(-1)[node_index]
+    B, L, K = shape
+    if bool(((node_index // K) % L + node_index % K >= L).any()):
+        raise ValueError("a node (i, w) must end inside the grid: i + w < L")
+    labels = None if node_labels is None else node_labels.reshape(-1)[node_index]
+    scores = node_scores.reshape(-1)[node_index].clamp_min(neg_value(node_scores.dtype))
     solution = _solve(node_index, scores, labels, shape, transitions, mode)
     return _Solution(
         solution.total,
