@@ -676,3 +676,14 @@ def test_every_head_rejects_gold_that_is_no_segmentation(name, gold, message):
     X, lengths = torch.randn(2, 6, D), torch.tensor([6, 4])
     with pytest.raises(ValueError, match=message):
         head(X, lengths, torch.tensor(gold))
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_predictions_carry_no_autograd_graph(name):
+    """With autograd on, as in a plain ``head.eval()(X, lengths)``, the decoded confidences of
+    every head are plain tensors."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K).eval()
+    X = torch.randn(2, 6, D, requires_grad=True)
+    spans, conf = head(X, torch.tensor([6, 4]))
+    assert not conf.requires_grad and conf.grad_fn is None

@@ -326,9 +326,17 @@ class FilteredSemiCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
     ) -> HeadOutput:
+        """Training with ``gold`` (rows ``(doc, start, end inclusive, label 1..M)`` that segment
+        each document): the summed loss, a scalar. Without: the decoded ``(spans [N, 4],
+        confidences [N])``, or with ``options`` the whole :class:`Prediction` (path
+        probabilities, candidates, constrained decoding). ``X [B, L, D]`` are the token vectors
+        of documents of ``lengths``; ``words`` their word ids (with ``word_pool``);
+        ``filter_margin`` as in the class docstring."""
         tokens, local, glob = self._encode(X, lengths, words)
         if gold is not None:
             return self.loss(local, glob, lengths, gold, tokens)
+        if torch.is_grad_enabled():  # predictions carry no graph, as the other heads'
+            local, glob, tokens = local.detach(), glob.detach(), tokens.detach()
         prediction = self.decode(local, glob, lengths, filter_margin, options or DecodeOptions(),
                                  tokens)
         return prediction if options is not None else prediction[:2]
@@ -337,6 +345,8 @@ class FilteredSemiCRFHead(nn.Module):
         self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor,
         tokens: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        """``L_loc + L_glob`` summed over the batch, from the local and global span scores
+        ``[B, L, K, C]`` and the ``gold`` rows (and the token vectors, for mean-field)."""
         B, L, K, C = local.shape
         grid = gold_label_grid(gold, lengths, L, K, C - 1)
         valid = span_mask(lengths, L, K)
@@ -431,6 +441,8 @@ class FilteredSemiCRFHead(nn.Module):
         options: DecodeOptions = DecodeOptions(),
         tokens: Optional[torch.Tensor] = None,
     ) -> Prediction:
+        """The best path of the filtered graph of ``filter_margin`` and what ``options`` asks
+        for besides, from the local and global span scores ``[B, L, K, C]``."""
         nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         T = self._transitions()
         if self.null_tokens:
@@ -573,6 +585,11 @@ class SemiCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
     ) -> HeadOutput:
+        """Training with ``gold`` (rows ``(doc, start, end inclusive, label 1..M)`` that segment
+        each document): the summed loss, a scalar. Without: the decoded ``(spans [N, 4],
+        confidences [N])``, or with ``options`` the whole :class:`Prediction` (path
+        probabilities, candidates, constrained decoding). ``X [B, L, D]`` are the token vectors
+        of documents of ``lengths``; ``words`` their word ids (with ``word_pool``)."""
         scores = self.span_scores(X, lengths, words)
         T = None if self.transitions is None else self.transitions.float()
         if gold is not None:
@@ -584,6 +601,8 @@ class SemiCRFHead(nn.Module):
     def decode(
         self, scores: torch.Tensor, lengths: torch.Tensor, options: DecodeOptions = DecodeOptions()
     ) -> Prediction:
+        """The best segmentation under the segment ``scores [B, L, K, C]`` and what
+        ``options`` asks for besides."""
         T = None if self.transitions is None else self.transitions.detach().float()
         spans, best = semicrf_viterbi(scores, lengths, T)
         reports = None
@@ -657,6 +676,11 @@ class LinearCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
     ) -> HeadOutput:
+        """Training with ``gold`` (rows ``(doc, start, end inclusive, label 1..M)`` that segment
+        each document): the summed loss, a scalar. Without: the decoded ``(spans [N, 4],
+        confidences [N])``, or with ``options`` the whole :class:`Prediction` (path
+        probabilities, candidates, constrained decoding). ``X [B, L, D]`` are the token vectors
+        of documents of ``lengths``; ``words`` their word ids (with ``word_pool``)."""
         emissions = self.emissions(X, lengths, words)
         T = self.transitions.float()
         allowed = self.allowed.to(emissions.device)
@@ -670,6 +694,8 @@ class LinearCRFHead(nn.Module):
     def decode(
         self, emissions: torch.Tensor, lengths: torch.Tensor, options: DecodeOptions = DecodeOptions()
     ) -> Prediction:
+        """The best valid tag sequence under ``emissions [B, L, n_tags]``, as entities, and
+        what ``options`` asks for besides."""
         T = self.transitions.detach().float()
         allowed = self.allowed.to(emissions.device)
         tags, best = crf_viterbi(emissions, T, lengths, allowed)
