@@ -597,6 +597,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         entities are trimmed as in :meth:`set_annotations`). Constraints do not apply."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
+        if not model_is_initialized(self.model):
+            raise ValueError(f"[{self.name}] nbest needs a trained component: initialize and "
+                             f"train the pipeline, or load a trained one")
         listener = "listener" in self.model.get_ref("tok2vec").name
         if listener and len(doc) and doc.tensor.size == 0:
             raise ValueError(
@@ -639,7 +642,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         try:
             super().from_disk(path, exclude=exclude)
         except ValueError as err:
-            raise self._load_error(err, str(path)) from err
+            damaged = _undecodable({name: (Path(path) / name).read_bytes()
+                                    for name in ("cfg", "model") if (Path(path) / name).exists()})
+            raise self._load_error(err, str(path), damaged) from err
         seen = Path(path) / SEEN_ENTITIES
         if SEEN_ENTITIES not in exclude and seen.exists():
             self._load_seen(seen.read_bytes())
@@ -656,7 +661,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         try:
             super().from_bytes(bytes_data, exclude=exclude)
         except ValueError as err:
-            raise self._load_error(err, "bytes") from err
+            raise self._load_error(err, "bytes", _undecodable({"bytes": bytes_data})) from err
         msg = srsly.msgpack_loads(bytes_data)
         if SEEN_ENTITIES not in exclude and SEEN_ENTITIES in msg:
             self._load_seen(msg[SEEN_ENTITIES])
@@ -672,8 +677,16 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                              f"data is not a list of 64-bit hashes ({len(data)} bytes).")
         self.seen_entities = numpy.frombuffer(data, dtype="<u8").astype("uint64")
 
-    def _load_error(self, err: Exception, source: str) -> Exception:
+    def _load_error(self, err: Exception, source: str, damaged: Optional[str]) -> Exception:
+        """The error of a failed load: a damaged file, or a config that builds another model
+        (``damaged``: the part that cannot be decoded, if any)."""
         msg = str(err)
+        if damaged is not None:
+            return ValueError(
+                f"Cannot load the '{self.name}' component from {source}: its {damaged} data is "
+                f"damaged or incomplete ({msg}). Save the pipeline again, or reinstall its "
+                f"package."
+            )
         if "fsemicrf_ner" in msg:
             return ValueError(msg)
         return ValueError(
@@ -713,6 +726,17 @@ def _span_groups(
         group.attrs["scores"] = numpy.array(scores[a:b], dtype="float32")
         out.append((spans, group))
     return out
+
+
+def _undecodable(parts: Dict[str, bytes]) -> Optional[str]:
+    """The name of the first of a component's saved ``parts`` that does not decode (``cfg``
+    is JSON, the others msgpack), or None."""
+    for name, data in parts.items():
+        try:
+            srsly.json_loads(data) if name == "cfg" else srsly.msgpack_loads(data)
+        except ValueError:
+            return name
+    return None
 
 
 def trim_whitespace(docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:

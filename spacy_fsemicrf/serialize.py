@@ -6,6 +6,7 @@ Loading reads the weights with ``torch.load(..., weights_only=True)``: a pipelin
 run code.
 """
 import inspect
+import pickle
 from io import BytesIO
 from typing import Any, Dict
 
@@ -102,6 +103,13 @@ def deserialize_head(
             + ". Load the pipeline with the config it was trained with."
         )
     head = instantiate_head(msg["arch"], saved_kwargs, int(msg["input_width"]), int(msg["n_labels"]))
-    state = torch.load(BytesIO(msg["state"]), map_location=device, weights_only=True)
+    try:
+        state = torch.load(BytesIO(msg["state"]), map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        raise ValueError(
+            "Cannot load the fsemicrf_ner head: its weights are damaged, or hold more than "
+            "tensors, which are refused (loading a pipeline never runs code from its files). "
+            f"Save the pipeline again, or reinstall its package ({type(err).__name__})."
+        ) from err
     head.load_state_dict(state)
     return head.to(device)

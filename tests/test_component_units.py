@@ -283,9 +283,9 @@ def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized
     nlp, _ = initialized
     saved = nlp.get_pipe("fsemicrf_ner")
     ner = spacy.blank("en").add_pipe("fsemicrf_ner")
-    own = ner._load_error(ValueError("fsemicrf_ner: a message of its own"), "bytes")
+    own = ner._load_error(ValueError("fsemicrf_ner: a message of its own"), "bytes", None)
     assert isinstance(own, ValueError) and str(own) == "fsemicrf_ner: a message of its own"
-    assert str(ner._load_error(KeyError("W"), "/a/path")) == (
+    assert str(ner._load_error(KeyError("W"), "/a/path", None)) == (
         "Cannot load the 'fsemicrf_ner' component from /a/path: the model built from the current "
         "config does not match the saved one ('W'). Load the pipeline with the config it was "
         "trained with.")
@@ -308,6 +308,56 @@ def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized
     assert str(err.value) == (
         "The saved 'fsemicrf_ner' model predicts 3 labels but its cfg lists 4 "
         "(['LOC', 'ORG', 'PER', 'ZZX']): the saved pipeline is inconsistent.")
+
+
+@pytest.mark.parametrize("part", ["model", "cfg"])
+def test_a_damaged_file_is_named_as_damaged_not_as_another_config(initialized, tmp_path, part):
+    """A truncated file is not a config that builds another model: the error says which part
+    is damaged and what to do, on disk and from bytes."""
+    nlp, _ = initialized
+    saved = nlp.get_pipe("fsemicrf_ner")
+    path = tmp_path / "ner"
+    saved.to_disk(path, exclude=["vocab"])
+    data = (path / part).read_bytes()
+    (path / part).write_bytes(data[: len(data) // 2])
+    damaged = (r"its {} data is damaged or incomplete \(.+\)\. Save the pipeline again, or "
+               r"reinstall its package\.$")
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=re.escape(f"from {path}: ") + damaged.format(part)):
+        fresh.from_disk(path, exclude=["vocab"])
+    if part == "model":
+        with pytest.raises(ValueError, match="from bytes: " + damaged.format("bytes")):
+            fresh.from_bytes(saved.to_bytes()[:-100])
+
+
+def test_head_weights_holding_code_are_refused_with_the_plugins_message(initialized, tmp_path):
+    """A pickle that would run code in the head's weights is refused (torch.load with
+    weights_only) and reported as the plugin's error, not as torch's advice to load it anyway."""
+    import io
+
+    nlp, _ = initialized
+    saved = nlp.get_pipe("fsemicrf_ner")
+    msg = srsly.msgpack_loads(saved.model.to_bytes())
+    shim_at = next(i for i, s in enumerate(msg["shims"]) if s)
+    shim = srsly.msgpack_loads(msg["shims"][shim_at][0])
+    head = srsly.msgpack_loads(shim["state"])
+    buf = io.BytesIO()
+    torch.save({"w": _RunsCode()}, buf)
+    head["state"] = buf.getvalue()
+    shim["state"] = srsly.msgpack_dumps(head)
+    msg["shims"][shim_at][0] = srsly.msgpack_dumps(shim)
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=r"^Cannot load the fsemicrf_ner head: its weights are "
+                                         r"damaged, or hold more than tensors, which are refused"):
+        fresh.model.from_bytes(srsly.msgpack_dumps(msg))
+    assert not _RunsCode.ran
+
+
+class _RunsCode:
+    ran = False
+
+    def __reduce__(self):
+        return (setattr, (_RunsCode, "ran", True))
 
 
 def test_loading_from_bytes_leaves_out_what_exclude_names(initialized):
@@ -389,3 +439,7 @@ def test_nbest_with_a_shared_tok2vec_needs_a_document_the_pipeline_has_run_on():
     assert [(list(g), g.attrs["probability"]) for g in empty] == [([], 1.0)]
     own, _ = _initialized()
     assert 1 <= len(own.get_pipe("fsemicrf_ner").nbest(own.make_doc(text), 2)) <= 2
+    fresh = spacy.blank("en").add_pipe("fsemicrf_ner")  # before initialize: no weights yet
+    with pytest.raises(ValueError, match=re.escape("[fsemicrf_ner] nbest needs a trained "
+                                                   "component")):
+        fresh.nbest(own.make_doc(text), 2)
