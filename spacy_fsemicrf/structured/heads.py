@@ -611,10 +611,17 @@ class SemiCRFHead(nn.Module):
             spans, reports = found.spans, found.reports
         if spans.shape[0] == 0 and not (options.path or options.candidates):
             return Prediction(*_empty_decoded(scores.device), reports=reports)
-        marginals, log_z = semicrf_marginals_and_log_z(scores, lengths, T)
+        # float64: in float32 the scan's running sums over a long document (thousands in log
+        # space) lose whole units, and the marginals and the path probability with them
+        scores64, T64 = scores.double(), None if T is None else T.double()
+        marginals, log_z = semicrf_marginals_and_log_z(scores64, lengths, T64)
+        marginals = marginals.to(scores.dtype)
         doc, start, end, label = spans.unbind(1)
         conf = marginals[doc, start, end - start, label].clamp(0.0, 1.0)
-        path = path_probability(best, log_z, reports) if options.path else None
+        path = None
+        if options.path:  # the returned path's score, summed in float64 too
+            path = path_probability(semicrf_gold_score(scores64, lengths, spans, T64), log_z,
+                                    reports)
         candidates = span_candidates(marginals, spans) if options.candidates else None
         return Prediction(spans, conf, path, candidates, reports)
 
@@ -710,8 +717,10 @@ class LinearCRFHead(nn.Module):
             return Prediction(*_empty_decoded(emissions.device), reports=reports)
         conf = crf_span_marginals(emissions, T, lengths, spans, self.scheme, allowed).clamp(0, 1)
         path = None
-        if options.path:
-            path = path_probability(best, crf_log_partition(emissions, T, lengths, allowed), reports)
+        if options.path:  # in float64, as the span marginals: see SemiCRFHead.decode
+            em64, T64 = emissions.double(), T.double()
+            best = crf_score(em64, T64, tags, lengths, allowed)
+            path = path_probability(best, crf_log_partition(em64, T64, lengths, allowed), reports)
         candidates = None
         if options.candidates:
             candidates = crf_candidates(
