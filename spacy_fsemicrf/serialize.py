@@ -60,6 +60,13 @@ def serialize_head(module: torch.nn.Module) -> bytes:
     return srsly.msgpack_dumps(msg)
 
 
+# Head settings that shape neither the weights nor the prediction, only further training: a
+# config may change them for a loaded pipeline (say, another dropout to fine-tune it).
+TRAINING_ONLY = frozenset(
+    {"dropout", "null_weight", "boundary_smoothing", "train_margin", "exact_loss", "focal_gamma"}
+)
+
+
 def _head_defaults(arch: str) -> Dict[str, Any]:
     """The keyword defaults of a head class: a saved head whose record lacks a setting was
     built with its default, so it loads under a config that gives that value."""
@@ -94,7 +101,7 @@ def deserialize_head(
     saved_kwargs = {**_head_defaults(msg["arch"]), **msg["kwargs"]}
     for key in sorted(set(msg["kwargs"]) | set(spec["kwargs"])):
         saved, current = saved_kwargs.get(key, "<unset>"), spec["kwargs"].get(key, "<unset>")
-        if saved != current:
+        if saved != current and not (key in TRAINING_ONLY and key in spec["kwargs"]):
             problems.append(f"{key} = {saved!r} (config: {current!r})")
     if problems:
         raise ValueError(
@@ -102,6 +109,8 @@ def deserialize_head(
             "configuration than the one in the current config: " + "; ".join(problems)
             + ". Load the pipeline with the config it was trained with."
         )
+    # the config's training settings apply from now on (same architecture, same weights)
+    saved_kwargs.update({k: v for k, v in spec["kwargs"].items() if k in TRAINING_ONLY})
     head = instantiate_head(msg["arch"], saved_kwargs, int(msg["input_width"]), int(msg["n_labels"]))
     try:
         state = torch.load(BytesIO(msg["state"]), map_location=device, weights_only=True)

@@ -458,3 +458,21 @@ def test_entities_never_start_or_end_on_whitespace(trained_nlp, monkeypatch):
                                                                [("John Smith", "PER")]]
     assert [g.attrs["probability"] for g in best] == pytest.approx([0.8, 0.2])
     assert [g.name for g in best] == [f"{ner.spans_key}_nbest_1", f"{ner.spans_key}_nbest_2"]
+
+
+def test_loading_with_other_training_settings_applies_them(trained_nlp, tmp_path):
+    """Settings that shape neither the weights nor the prediction (dropout, the local loss's)
+    may differ at loading, say to fine-tune a pipeline: the head takes the config's values and
+    predicts as before."""
+    path = tmp_path / "pipeline"
+    trained_nlp.to_disk(path)
+    overrides = {"components.fsemicrf_ner.model.dropout": 0.3,
+                 "components.fsemicrf_ner.model.null_weight": 0.5}
+    nlp = spacy.load(path, config=overrides)
+    head = nlp.get_pipe("fsemicrf_ner").torch_head
+    assert head.scorer.dropout.p == 0.3 and head.null_weight == 0.5
+    text = "John Smith works for Google in Paris ."
+    assert [(e.text, e.label_) for e in nlp(text).ents] == [
+        (e.text, e.label_) for e in trained_nlp(text).ents]
+    nlp.to_disk(tmp_path / "again")  # and it saves with them
+    assert spacy.load(tmp_path / "again").get_pipe("fsemicrf_ner").torch_head.null_weight == 0.5
