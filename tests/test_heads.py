@@ -740,3 +740,13 @@ def test_long_documents_keep_exact_confidences_and_path_probabilities(name, null
     else:
         assert len(pred.spans) > 100
     torch.testing.assert_close(pred.scores.double(), want.clamp(0, 1), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("x_shape, lengths", [((2, 5, D), [5]), ((2, 5, D), [[5, 3]]),
+                                              ((5, D), [5])])
+def test_lengths_that_do_not_match_the_batch_are_a_clear_error(name, x_shape, lengths):
+    """One length per document: a single length for two documents was broadcast before."""
+    head = HEADS[name](D, M, max_width=K).eval()
+    with pytest.raises(ValueError, match=r"^token vectors must be \[B, L, D\] and lengths \[B\]"):
+        head(torch.randn(x_shape), torch.tensor(lengths))

@@ -77,6 +77,16 @@ PREDICT_BLOCK = 2048
 PREDICT_CHUNK_ELEMENTS = 2**18
 
 
+def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
+    """A ``ValueError`` unless ``X`` is ``[B, L, D]`` and ``lengths`` ``[B]`` (a shape check
+    only: no device sync)."""
+    if X.dim() != 3 or lengths.dim() != 1 or lengths.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"token vectors must be [B, L, D] and lengths [B], one per document, got "
+            f"{tuple(X.shape)} and {tuple(lengths.shape)}"
+        )
+
+
 def _empty_decoded(device: torch.device) -> Decoded:
     return (
         torch.zeros((0, 4), dtype=torch.long, device=device),
@@ -294,6 +304,7 @@ class FilteredSemiCRFHead(nn.Module):
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(tokens [B, L, D'], local, global)``: the token vectors the span scorer reads
         (which the mean-field layers read too) and the span scores."""
+        check_batch(X, lengths)
         tokens = self.word_pool(self.context(X, lengths), lengths, words)
         local, glob = self.scorer(tokens, lengths).chunk(2, dim=-1)
         return tokens, local, glob
@@ -570,6 +581,7 @@ class SemiCRFHead(nn.Module):
     ) -> torch.Tensor:
         """``[B, L, K, C]`` segment scores; impossible segments (past the end, null wider than
         one token) hold NEG."""
+        check_batch(X, lengths)
         context = self.word_pool(self.context(X, lengths), lengths, words)
         scores = self.scorer(context, lengths).float()
         B, L, K, C = scores.shape
@@ -673,6 +685,7 @@ class LinearCRFHead(nn.Module):
         self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
         """``[B, L, n_tags]`` tag scores of every token."""
+        check_batch(X, lengths)
         return self.emitter(self.word_pool(self.context(X, lengths), lengths, words)).float()
 
     def forward(
