@@ -15,7 +15,7 @@ them are left out of ``doc.ents``, and every other token without entity informat
 import logging
 import math
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import numpy
 import srsly
@@ -32,9 +32,9 @@ from . import architectures  # noqa: F401  (registers the architectures)
 from .architectures import ModelInput, model_is_initialized, model_nbest, model_torch_head
 from .augment import AUGMENTED
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
-from .doc_constraints import check_constraints, constraints_of_docs
+from .doc_constraints import check_constraints, constraints_of_docs, doc_own_constraints
 from .scorer import ner_score
-from .structured.constraints import Constraint, constraints_to_dicts
+from .structured.constraints import Constraint, ForceSpan, constraints_to_dicts
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
 from .structured.prediction import DecodeOptions
@@ -552,7 +552,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 self.name, self.spans_key,
             )
         entities, raw = prediction.spans, prediction.scores
-        keep = trim_whitespace(docs, entities)
+        keep = trim_whitespace(docs, entities, self._forced_spans)
         if keep is not None:
             entities, raw = entities[keep], raw[keep]
         scores = apply_calibration(self.calibration, raw, self._seen(docs, entities))
@@ -579,6 +579,13 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             candidates = _span_groups(docs, self._candidates_key, rows, cand_scores, labels)
             for doc, (_, group) in zip(docs, candidates):
                 doc.spans[self._candidates_key] = group
+
+    def _forced_spans(self, doc: Doc) -> Set[Tuple[int, int]]:
+        """The spans ``(start, end inclusive)`` that a ``force_span`` constraint of the
+        component, the call or ``doc`` makes an entity as they are."""
+        found = self._constraints + self._call_constraints + doc_own_constraints(
+            doc, self.labels, self.name)
+        return {(c.start, c.end - 1) for c in found if isinstance(c, ForceSpan)}
 
     def _seen(self, docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:
         """Which entity ``rows`` were seen in training, where the calibration map asks (and
@@ -612,7 +619,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         merged: Dict[Tuple[Tuple[int, ...], ...], float] = {}
         for seg in found:
             rows = numpy.array([(0, *span) for span in seg.spans], dtype="int64").reshape(-1, 4)
-            keep = trim_whitespace([doc], rows)
+            keep = trim_whitespace([doc], rows, self._forced_spans)
             rows = rows if keep is None else rows[keep]
             entities = tuple(map(tuple, rows[:, 1:].tolist()))
             merged[entities] = merged.get(entities, 0.0) + seg.prob
@@ -739,16 +746,23 @@ def _undecodable(parts: Dict[str, bytes]) -> Optional[str]:
     return None
 
 
-def trim_whitespace(docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:
+def trim_whitespace(
+    docs: List[Doc],
+    rows: numpy.ndarray,
+    forced: Optional[Callable[[Doc], Set[Tuple[int, int]]]] = None,
+) -> Optional[numpy.ndarray]:
     """Entity ``rows`` ``(doc, start, end inclusive, label)`` without whitespace tokens at
     their edges, as spaCy's ``ner`` never starts an entity on one: a head that learnt from text
     without such tokens may put one there (a double space before a name). The rows are trimmed
     in place; the return value is None when every row stays, else the indices of the rows to
-    keep (those of whitespace only are left out)."""
+    keep (those of whitespace only are left out). ``forced(doc)`` gives the spans ``(start,
+    end)`` a constraint asked for, which stay as they are (read only where a row would change)."""
     keep = None
     for i, (d, start, end) in enumerate(rows[:, :3].tolist()):
         doc = docs[d]
         if not (doc[start].is_space or doc[end].is_space):
+            continue
+        if forced is not None and (start, end) in forced(doc):
             continue
         while start <= end and doc[start].is_space:
             start += 1

@@ -42,14 +42,18 @@ def constraints_of_docs(
     has any. ``shared`` are the component's and the call's constraints (already checked)."""
     out: List[Optional[DocConstraints]] = []
     for doc in docs:
-        own = _own_constraints(doc, labels, component)
+        own = doc_own_constraints(doc, labels, component)
         found = shared + own
         out.append(DocConstraints(compile_constraints(found, labels), sentence_starts(doc))
                    if found else None)
     return out if any(c is not None for c in out) else None
 
 
-def _own_constraints(doc: Doc, labels: Tuple[str, ...], component: str) -> Tuple[Constraint, ...]:
+def doc_own_constraints(
+    doc: Doc, labels: Tuple[str, ...], component: str
+) -> Tuple[Constraint, ...]:
+    """The constraints in ``doc.user_data``, left out with a warning when they are not valid
+    for the component's ``labels``."""
     items: Any = doc.user_data.get(USER_DATA_KEY)
     if not items:
         return ()

@@ -476,3 +476,25 @@ def test_loading_with_other_training_settings_applies_them(trained_nlp, tmp_path
         (e.text, e.label_) for e in trained_nlp(text).ents]
     nlp.to_disk(tmp_path / "again")  # and it saves with them
     assert spacy.load(tmp_path / "again").get_pipe("fsemicrf_ner").torch_head.null_weight == 0.5
+
+
+def test_a_forced_span_keeps_its_whitespace_edges(trained_nlp):
+    """A span a force_span constraint asks for is the user's, whitespace and all: only the
+    head's own entities are trimmed."""
+    from spacy_fsemicrf.head_model import BatchPrediction
+
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    loc = ner.labels.index("LOC") + 1
+    doc = trained_nlp.make_doc("went to  Paris .")
+    assert doc[2].is_space and doc[3].text == "Paris"
+    doc.user_data["fsemicrf_constraints"] = [
+        {"kind": "force_span", "start": 2, "end": 4, "label": "LOC"}]
+    prediction = BatchPrediction(numpy.array([[0, 2, 3, loc]]), numpy.array([0.9], "float32"),
+                                 numpy.ones(1, dtype="float32"))
+    ner.set_annotations([doc], prediction)
+    assert [(e.start, e.end) for e in doc.ents] == [(2, 4)]
+    doc = trained_nlp.make_doc("went to  Paris .")  # without the constraint: trimmed
+    prediction = BatchPrediction(numpy.array([[0, 2, 3, loc]]), numpy.array([0.9], "float32"),
+                                 numpy.ones(1, dtype="float32"))
+    ner.set_annotations([doc], prediction)
+    assert [(e.start, e.end) for e in doc.ents] == [(3, 4)]
