@@ -498,3 +498,49 @@ def test_a_forced_span_keeps_its_whitespace_edges(trained_nlp):
                                  numpy.ones(1, dtype="float32"))
     ner.set_annotations([doc], prediction)
     assert [(e.start, e.end) for e in doc.ents] == [(3, 4)]
+
+
+def test_trim_whitespace_trims_each_edge_and_drops_whitespace_only_rows():
+    """Every row is looked at (an untouched row before others does not end the pass), starts
+    and ends are trimmed to the nearest token that is not whitespace, a row of whitespace only
+    is left out, and a forced span is left as it is."""
+    from spacy_fsemicrf.component import trim_whitespace
+
+    vocab = spacy.blank("en").vocab  # (a bare Vocab has no lexical attributes: no is_space)
+    words = ["Paris", " ", "is", "in", " ", "France", "\n"]
+    docs = [Doc(vocab, words=words, spaces=[False] * 7) for _ in range(2)]
+    rows = numpy.array([[0, 0, 0, 1],   # Paris: as it is
+                        [0, 1, 2, 1],   # " is" -> is
+                        [0, 4, 4, 2],   # " " -> left out
+                        [0, 5, 6, 1],   # "France\n" -> France
+                        [1, 1, 2, 1],   # forced as it is
+                        [1, 4, 6, 2]])  # " France\n" -> France
+    keep = trim_whitespace(docs, rows, lambda doc: {(1, 2)} if doc is docs[1] else set())
+    assert keep.tolist() == [0, 1, 3, 4, 5]
+    assert rows[keep].tolist() == [[0, 0, 0, 1], [0, 2, 2, 1], [0, 5, 5, 1], [1, 1, 2, 1],
+                                   [1, 5, 5, 2]]
+    clean = numpy.array([[0, 0, 0, 1], [0, 2, 3, 1]])
+    assert trim_whitespace(docs, clean) is None and clean.tolist() == [[0, 0, 0, 1], [0, 2, 3, 1]]
+
+
+def test_nbest_trims_merges_and_keeps_forced_spans(trained_nlp, monkeypatch):
+    """In the n-best, whitespace-only entities go, segmentations that become one add their
+    probabilities (a sum above 1 by rounding is 1), and a forced span keeps its edges."""
+    from spacy_fsemicrf import component
+    from spacy_fsemicrf.structured.nbest import Segmentation
+
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    loc = ner.labels.index("LOC") + 1
+    doc = trained_nlp.make_doc("went to  Paris .")  # token 2 is a space
+    found = [Segmentation(((2, 3, loc),), 2.0, math.log(0.7)),
+             Segmentation(((2, 2, loc), (3, 3, loc)), 1.9, math.log(0.2)),
+             Segmentation(((3, 3, loc),), 1.8, math.log(0.4))]
+    monkeypatch.setattr(component, "model_nbest", lambda *args: [found])
+    best = ner.nbest(doc, 3)
+    assert [[(s.start, s.end) for s in g] for g in best] == [[(3, 4)]]
+    assert best[0].attrs["probability"] == 1.0
+    doc.user_data["fsemicrf_constraints"] = [
+        {"kind": "force_span", "start": 2, "end": 4, "label": "LOC"}]
+    best = ner.nbest(doc, 3)
+    assert [[(s.start, s.end) for s in g] for g in best] == [[(2, 4)], [(3, 4)]]
+    assert [g.attrs["probability"] for g in best] == pytest.approx([0.7, 0.6])
