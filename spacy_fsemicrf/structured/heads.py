@@ -597,11 +597,7 @@ class SemiCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
     ) -> HeadOutput:
-        """Training with ``gold`` (rows ``(doc, start, end inclusive, label 1..M)`` that segment
-        each document): the summed loss, a scalar. Without: the decoded ``(spans [N, 4],
-        confidences [N])``, or with ``options`` the whole :class:`Prediction` (path
-        probabilities, candidates, constrained decoding). ``X [B, L, D]`` are the token vectors
-        of documents of ``lengths``; ``words`` their word ids (with ``word_pool``)."""
+        """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
         scores = self.span_scores(X, lengths, words)
         T = None if self.transitions is None else self.transitions.float()
         if gold is not None:
@@ -696,11 +692,7 @@ class LinearCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
     ) -> HeadOutput:
-        """Training with ``gold`` (rows ``(doc, start, end inclusive, label 1..M)`` that segment
-        each document): the summed loss, a scalar. Without: the decoded ``(spans [N, 4],
-        confidences [N])``, or with ``options`` the whole :class:`Prediction` (path
-        probabilities, candidates, constrained decoding). ``X [B, L, D]`` are the token vectors
-        of documents of ``lengths``; ``words`` their word ids (with ``word_pool``)."""
+        """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
         emissions = self.emissions(X, lengths, words)
         T = self.transitions.float()
         allowed = self.allowed.to(emissions.device)
