@@ -677,7 +677,7 @@ def test_filtered_head_filters_at_margin_zero_unless_told():
     ([[0, 2, 3, 0]], "^gold span labels must be entity ids >= 1"),
     ([[0, 2, 3, M + 1]], f"^gold span label {M + 1} is not one of the {M} labels$"),
     ([[2, 0, 0, 1]], "^gold span of a document outside the batch of 2$"),
-    ([[0, 0, 1]], r"^gold must be rows \(doc, start, end, label\), \[N, 4\], got \(1, 3\)$"),
+    ([[0, 0, 1]], r"^gold spans must be rows \(doc, start, end, label\), \[N, 4\], got \(1, 3\)$"),
 ])
 def test_every_head_rejects_gold_that_is_no_segmentation(name, gold, message):
     """The heads' losses assume the gold spans segment each document; anything else is a data
@@ -750,3 +750,63 @@ def test_lengths_that_do_not_match_the_batch_are_a_clear_error(name, x_shape, le
     head = HEADS[name](D, M, max_width=K).eval()
     with pytest.raises(ValueError, match=r"^token vectors must be \[B, L, D\] and lengths \[B\]"):
         head(torch.randn(x_shape), torch.tensor(lengths))
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("lengths, bad", [([5, 7], 7), ([5, -1], -1), ([-2, 9], -2)])
+@pytest.mark.parametrize("call", ["decode", "loss", "nbest"])
+def test_lengths_outside_the_rows_of_x_are_a_clear_error(name, lengths, bad, call):
+    """A length past the rows of ``X`` made the filtered head decode spans past them and the
+    semi-CRF raise an IndexError; a negative one was read as an empty document."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K).eval()
+    X, lengths = torch.randn(2, 5, D), torch.tensor(lengths)
+    run = {"decode": lambda: head(X, lengths),
+           "loss": lambda: head(X, lengths, torch.tensor([[0, 1, 2, 1]])),
+           "nbest": lambda: head.nbest(X, lengths, 2)}[call]
+    with pytest.raises(ValueError, match=f"^lengths must lie between 0 and the 5 token rows of "
+                                         f"X, got {bad}$"):
+        run()
+    head(X, lengths.clamp(0, 5))  # the same batch with valid lengths decodes
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([[0, 1, 2, 0]], "^span labels must be entity ids >= 1"),
+    ([[0, 1, 2, M + 1]], f"^span label {M + 1} is not one of the {M} labels$"),
+    ([[1, 3, 4, 1]], "^span outside its document"),  # document 1 has 4 tokens
+    ([[2, 0, 0, 1]], "^span of a document outside the batch of 2$"),
+])
+def test_crf_span_marginals_rejects_spans_it_cannot_score(rows, message):
+    """Label 0 was read as the last label (``label - 1`` indexing), a span past its document
+    read the padding."""
+    torch.manual_seed(0)
+    head = LinearCRFHead(D, M, max_width=K).eval()
+    X, lengths = torch.randn(2, 6, D), torch.tensor([6, 4])
+    with torch.no_grad():
+        em = head.emissions(X, lengths)
+    with pytest.raises(ValueError, match=message):
+        crf_span_marginals(em, head.transitions, lengths, torch.tensor(rows), head.scheme,
+                           head.allowed)
+    overlapping = torch.tensor([[0, 1, 2, 1], [0, 2, 3, 2]])  # queries may overlap
+    assert crf_span_marginals(em, head.transitions, lengths, overlapping, head.scheme,
+                              head.allowed).shape == (2,)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("where", ["input", "weights"])
+@pytest.mark.parametrize("call", ["decode", "nbest"])
+def test_nan_scores_are_an_error_not_an_empty_prediction(name, where, call):
+    """NaN loses every comparison, so a diverged model (or NaN token vectors) decoded to no
+    entities at all, which looks like a confident prediction."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K).eval()
+    X, lengths = torch.randn(2, 6, D), torch.tensor([6, 4])
+    run = (lambda: head(X, lengths)) if call == "decode" else (lambda: head.nbest(X, lengths, 2))
+    run()
+    if where == "input":
+        X[1, 2, 0] = float("nan")
+    else:
+        with torch.no_grad():
+            next(p for p in reversed(list(head.parameters())) if p.dim() == 2)[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="^the head's scores are NaN"):
+        run()

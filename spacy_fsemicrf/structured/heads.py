@@ -78,12 +78,30 @@ PREDICT_CHUNK_ELEMENTS = 2**18
 
 
 def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
-    """A ``ValueError`` unless ``X`` is ``[B, L, D]`` and ``lengths`` ``[B]`` (a shape check
-    only: no device sync)."""
+    """A ``ValueError`` unless ``X`` is ``[B, L, D]`` and ``lengths`` ``[B]``, each length
+    between 0 and ``L``."""
     if X.dim() != 3 or lengths.dim() != 1 or lengths.shape[0] != X.shape[0]:
         raise ValueError(
             f"token vectors must be [B, L, D] and lengths [B], one per document, got "
             f"{tuple(X.shape)} and {tuple(lengths.shape)}"
+        )
+    if lengths.shape[0]:
+        low, high = (int(v) for v in lengths.aminmax())
+        if low < 0 or high > X.shape[1]:
+            raise ValueError(
+                f"lengths must lie between 0 and the {X.shape[1]} token rows of X, got "
+                f"{low if low < 0 else high}"
+            )
+
+
+def check_scores(*scores: torch.Tensor) -> None:
+    """A ``ValueError`` if a score is NaN: decoding would quietly find no entities (NaN loses
+    every comparison), where the cause is a model whose weights or input vectors are not
+    finite."""
+    if any(bool(torch.isnan(s).any()) for s in scores):
+        raise ValueError(
+            "the head's scores are NaN: the model's weights or the token vectors it was given "
+            "are not finite (did its training diverge?)"
         )
 
 
@@ -454,6 +472,7 @@ class FilteredSemiCRFHead(nn.Module):
     ) -> Prediction:
         """The best path of the filtered graph of ``filter_margin`` and what ``options`` asks
         for besides, from the local and global span scores ``[B, L, K, C]``."""
+        check_scores(local, glob)
         nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         T = self._transitions()
         if self.null_tokens:
@@ -526,6 +545,7 @@ class FilteredSemiCRFHead(nn.Module):
             raise ValueError("n-best decoding is not available for a filtered head with "
                              "null_tokens = true")
         tokens, local, glob = self._encode(X, lengths, words)
+        check_scores(local, glob)
         nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         return filtered_nbest(nodes, lengths, self._transitions(), k)
 
@@ -611,6 +631,7 @@ class SemiCRFHead(nn.Module):
     ) -> Prediction:
         """The best segmentation under the segment ``scores [B, L, K, C]`` and what
         ``options`` asks for besides."""
+        check_scores(scores)
         T = None if self.transitions is None else self.transitions.detach().float()
         spans, best = semicrf_viterbi(scores, lengths, T)
         reports = None
@@ -639,7 +660,9 @@ class SemiCRFHead(nn.Module):
     ) -> List[List[Segmentation]]:
         """The ``k`` best segmentations of each document, with their probabilities."""
         T = None if self.transitions is None else self.transitions.detach().float()
-        return semicrf_nbest(self.span_scores(X, lengths, words), lengths, T, k)
+        scores = self.span_scores(X, lengths, words)
+        check_scores(scores)
+        return semicrf_nbest(scores, lengths, T, k)
 
 
 class LinearCRFHead(nn.Module):
@@ -708,6 +731,7 @@ class LinearCRFHead(nn.Module):
     ) -> Prediction:
         """The best valid tag sequence under ``emissions [B, L, n_tags]``, as entities, and
         what ``options`` asks for besides."""
+        check_scores(emissions)
         T = self.transitions.detach().float()
         allowed = self.allowed.to(emissions.device)
         tags, best = crf_viterbi(emissions, T, lengths, allowed)
@@ -740,7 +764,9 @@ class LinearCRFHead(nn.Module):
         """The ``k`` best tag sequences of each document, as entities, with their probabilities."""
         allowed = self.allowed.to(X.device)
         T = self.transitions.detach().float()
-        return crf_nbest(self.emissions(X, lengths, words), T, lengths, self.scheme, k, allowed)
+        emissions = self.emissions(X, lengths, words)
+        check_scores(emissions)
+        return crf_nbest(emissions, T, lengths, self.scheme, k, allowed)
 
 
 HEADS = {

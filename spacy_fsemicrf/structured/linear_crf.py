@@ -18,7 +18,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .semiring import logsumexp, lse, masked_fill_neg
-from .spans import check_gold_spans, token_coverage, token_mask
+from .spans import check_gold_spans, check_span_rows, token_coverage, token_mask
 
 __all__ = [
     "TagScheme",
@@ -326,21 +326,21 @@ def crf_span_marginals(
     last token). BILUO: ``U-l`` for one token, else ``B-l, I-l, ..., I-l, L-l``.
     ``alpha[start] + (the span's own tags) + beta[end]``, with the run of ``I-l`` tags read
     from a prefix sum, so the cost is ``O(N * n_tags)`` after one forward-backward pass.
+    A ``ValueError`` for a span outside its document or a label outside ``1..M``.
     """
     device = emissions.device
     B, L, n = emissions.shape
-    spans = spans.to(device).long().view(-1, 4)
-    if spans.shape[0] == 0:
+    lengths = lengths.to(device).long()
+    doc, s, e, lab = check_span_rows(spans, lengths, L, None, scheme.n_labels, "span")
+    if doc.shape[0] == 0:
         return emissions.new_zeros(0)
     with torch.no_grad():
-        lengths = lengths.to(device).long()
         # float64 throughout: in float32, alpha + beta - log Z of a long document (|log Z| in
         # the thousands) and the prefix-sum differences of a long I run lose ~1e-3 in log space.
         em = emissions.double()
         T = _masked_transitions(transitions.to(em.dtype), allowed)
         alphas, log_z = _forward(em, T, lengths)
         betas = _backward(em, T, lengths)
-        doc, s, e, lab = spans.unbind(1)
         M = scheme.n_labels
         i_tags = scheme.tag("I", torch.arange(1, M + 1, device=device))
         g = T[i_tags, i_tags] + em[:, :, i_tags]  # one I-l -> I-l step at each position

@@ -78,6 +78,45 @@ def gold_label_grid(
     return grid
 
 
+def check_span_rows(
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    length: int,
+    max_width: Optional[int] = None,
+    n_labels: Optional[int] = None,
+    what: str = "gold span",
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The columns ``(doc, start, end, label)`` of span rows ``[N, 4]`` (on the device of
+    ``lengths``), once checked: a ``ValueError`` (naming the rows ``what``) for a row that does
+    not fit the batch's shape, a span outside its document, wider than ``max_width`` (if
+    given), or with a label below 1 or above ``n_labels`` (if given)."""
+    rows = rows.to(lengths.device).long()
+    if rows.numel() == 0:
+        rows = rows.reshape(0, 4)
+    if rows.dim() != 2 or rows.shape[1] != 4:
+        raise ValueError(
+            f"{what}s must be rows (doc, start, end, label), [N, 4], got {tuple(rows.shape)}"
+        )
+    doc, start, end, label = rows.unbind(-1)
+    if not rows.shape[0]:
+        return doc, start, end, label
+    if bool((doc < 0).any() or (doc >= lengths.shape[0]).any()):
+        raise ValueError(f"{what} of a document outside the batch of {lengths.shape[0]}")
+    width = end - start
+    if bool((start < 0).any() or (end >= lengths[doc]).any() or (width < 0).any()
+            or (end >= length).any()):
+        raise ValueError(f"{what} outside its document (or end < start)")
+    if max_width is not None and bool((width >= max_width).any()):
+        raise ValueError(
+            f"{what} of width {int(width.max()) + 1} exceeds max_width={max_width}"
+        )
+    if bool((label < 1).any()):
+        raise ValueError(f"{what} labels must be entity ids >= 1 (0 is null)")
+    if n_labels is not None and bool((label > n_labels).any()):
+        raise ValueError(f"{what} label {int(label.max())} is not one of the {n_labels} labels")
+    return doc, start, end, label
+
+
 def check_gold_spans(
     gold: torch.Tensor,
     lengths: torch.Tensor,
@@ -85,37 +124,13 @@ def check_gold_spans(
     max_width: Optional[int] = None,
     n_labels: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The columns ``(doc, start, end, label)`` of gold rows ``[N, 4]`` (on the device of
-    ``lengths``), once checked: a ``ValueError`` for a row that does not fit the batch's shape,
-    a span outside its document, wider than ``max_width`` (if given), with a label below 1 or
-    above ``n_labels`` (if given), or overlapping another gold span."""
-    gold = gold.to(lengths.device).long()
-    if gold.numel() == 0:
-        gold = gold.reshape(0, 4)
-    if gold.dim() != 2 or gold.shape[1] != 4:
-        raise ValueError(
-            f"gold must be rows (doc, start, end, label), [N, 4], got {tuple(gold.shape)}"
-        )
-    doc, start, end, label = gold.unbind(-1)
-    if not gold.shape[0]:
-        return doc, start, end, label
-    if bool((doc < 0).any() or (doc >= lengths.shape[0]).any()):
-        raise ValueError(f"gold span of a document outside the batch of {lengths.shape[0]}")
-    width = end - start
-    if bool((start < 0).any() or (end >= lengths[doc]).any() or (width < 0).any()
-            or (end >= length).any()):
-        raise ValueError("gold span outside its document (or end < start)")
-    if max_width is not None and bool((width >= max_width).any()):
-        raise ValueError(
-            f"gold span of width {int(width.max()) + 1} exceeds max_width={max_width}"
-        )
-    if bool((label < 1).any()):
-        raise ValueError("gold span labels must be entity ids >= 1 (0 is null)")
-    if n_labels is not None and bool((label > n_labels).any()):
-        raise ValueError(f"gold span label {int(label.max())} is not one of the {n_labels} labels")
-    cover = token_coverage(doc, start, end, lengths.shape[0], length)
-    if bool((cover > 1).any()):
-        raise ValueError("gold spans overlap within a document")
+    """:func:`check_span_rows` for gold rows, which also must not overlap within a
+    document."""
+    doc, start, end, label = check_span_rows(gold, lengths, length, max_width, n_labels)
+    if doc.shape[0]:
+        cover = token_coverage(doc, start, end, lengths.shape[0], length)
+        if bool((cover > 1).any()):
+            raise ValueError("gold spans overlap within a document")
     return doc, start, end, label
 
 
