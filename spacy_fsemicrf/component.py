@@ -569,8 +569,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             if report is not None:
                 group.attrs["constraints"] = report._asdict()
                 if report.status == "infeasible":
-                    logger.warning("%s: no segmentation of a document satisfies its constraints; "
-                                   "it keeps the unconstrained prediction", self.name)
+                    excerpt = doc.text if len(doc.text) <= 60 else doc.text[:57] + "..."
+                    logger.warning("%s: the constraints cannot all hold on the document %r: %s; "
+                                   "it keeps the unconstrained prediction", self.name, excerpt,
+                                   report.reason)
             doc.spans[key] = group
             set_entities(doc, ents)
         if self._candidates_key is not None:

@@ -99,9 +99,20 @@ def test_an_infeasible_document_keeps_its_prediction_with_a_warning(trained, cap
         doc = trained.get_pipe("fsemicrf_ner")(trained.make_doc(TWO_ORGS), constraints=force)
     assert doc.spans["fsemicrf"].attrs["constraints"]["status"] == "infeasible"
     assert labels_of(doc, "ORG") == ["Google", "Apple"]
-    assert [r.getMessage() for r in caplog.records if "segmentation" in r.getMessage()] == [
-        "fsemicrf_ner: no segmentation of a document satisfies its constraints; it keeps the "
+    assert doc.spans["fsemicrf"].attrs["constraints"]["reason"] == (
+        "force_span 0..2 has a label that forbid_labels forbids there")
+    assert [r.getMessage() for r in caplog.records if "cannot" in r.getMessage()] == [
+        f"fsemicrf_ner: the constraints cannot all hold on the document {TWO_ORGS!r}: "
+        "force_span 0..2 has a label that forbid_labels forbids there; it keeps the "
         "unconstrained prediction"]
+    caplog.clear()
+    long_text = " ".join([TWO_ORGS] * 2)  # quoted up to 57 characters and "..."
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        trained.get_pipe("fsemicrf_ner")(trained.make_doc(long_text), constraints=force)
+    [message] = [r.getMessage() for r in caplog.records if "cannot" in r.getMessage()]
+    quoted = repr(long_text[:57] + "...")
+    assert message.startswith(
+        f"fsemicrf_ner: the constraints cannot all hold on the document {quoted}: force_span 0..2")
 
 
 def test_bad_constraints_fail_when_set():

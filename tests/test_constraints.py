@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 
 from spacy_fsemicrf.structured import filtered, itemgraphs
 from spacy_fsemicrf.structured.constrained import (
+    NO_FILTERED_PATH,
+    NO_SEGMENTATION,
+    ConstrainedDecode,
     crf_constrained,
     filtered_constrained,
     semicrf_constrained,
@@ -328,6 +331,7 @@ def test_filtered_drops_only_when_needed():
     never = compile_constraints([{"kind": "exactly", "label": "A", "n": 3}], ["A", "B"])
     out = filtered_constrained(nodes, lengths, None, [DocConstraints(never)])
     assert out.reports[0].status == "infeasible" and len(out.spans) == 3
+    assert out.reports[0].reason == NO_FILTERED_PATH
 
 
 def test_filtered_path_that_drops_every_node_is_the_empty_path_of_score_zero():
@@ -360,6 +364,7 @@ def test_filtered_force_span_adds_a_node():
     wide = compile_constraints([ForceSpan(0, 3, "B")], ["A", "B"])  # wider than max_width
     out = filtered_constrained(nodes, lengths, None, [DocConstraints(wide)], global_scores=glob)
     assert out.reports[0].status == "infeasible" and out.spans.tolist() == [[0, 0, 0, 1]]
+    assert out.reports[0].reason == "force_span 0..3 is wider than the head's max_width=2"
 
 
 def test_filtered_removing_a_node_can_open_a_better_path_than_the_viterbi_one():
@@ -391,6 +396,7 @@ def test_filtered_forbids_each_remove_their_nodes_and_an_open_end_reaches_the_la
     forced = compile_constraints([ForceSpan(2, 3, "A"), ForbidLabels(("A",), 1, None)], ["A", "B"])
     out = filtered_constrained(nodes, lengths, None, [DocConstraints(forced)])
     assert (out.reports[0].status, out.reports[0].searched) == ("infeasible", False)
+    assert out.reports[0].reason == "force_span 2..3 has a label that forbid_labels forbids there"
     assert len(out.spans) == 3
 
 
@@ -404,6 +410,7 @@ def test_filtered_forced_nodes_are_never_dropped():
         [ForceSpan(0, 1, "A"), ForceSpan(2, 3, "A"), AtMost("A", 1, "doc")], ["A", "B"])
     out = filtered_constrained(nodes, torch.tensor([3]), None, [DocConstraints(program)])
     assert (out.reports[0].status, out.reports[0].searched) == ("infeasible", True)
+    assert out.reports[0].reason == NO_FILTERED_PATH
     assert out.spans.tolist() == [[0, 0, 0, 1], [0, 1, 1, 2], [0, 2, 2, 1]]
 
 
@@ -546,11 +553,9 @@ def test_crf_force_span_is_one_entity(scheme_name):
     assert out.reports[0].status == "optimal" and [0, 2, 1] in out.spans[:, 1:].tolist()
 
 
-@pytest.mark.parametrize("head", ["filtered", "semicrf", "crf"])
-def test_forced_spans_that_share_a_token_are_infeasible(head):
-    """Two forced spans that overlap by one token cannot both be entities: every head reports
-    the set infeasible and keeps its unconstrained prediction."""
-    program = compile_constraints([ForceSpan(0, 2, "A"), ForceSpan(1, 3, "B")], ["A", "B"])
+def _constrained_on_four_tokens(head: str, constraints) -> ConstrainedDecode:
+    """The constrained decode of one flat 4-token document (labels A and B, width 2)."""
+    program = compile_constraints(constraints, ["A", "B"])
     docs, lengths = [DocConstraints(program)], torch.tensor([4])
     if head == "filtered":
         nodes = filtered.NodeSet(torch.tensor([0]), torch.tensor([1]), torch.tensor([1.0]),
@@ -562,7 +567,32 @@ def test_forced_spans_that_share_a_token_are_infeasible(head):
         scheme = tag_scheme(2, "BIO")
         emissions, T = _flat_crf(scheme)
         out = crf_constrained(emissions, T, lengths, scheme, docs, scheme.allowed)
-    assert out.reports[0].status == "infeasible"
+    return out
+
+
+@pytest.mark.parametrize("head", ["filtered", "semicrf", "crf"])
+@pytest.mark.parametrize("constraints, reason", [
+    ([ForceSpan(0, 2, "A"), ForceSpan(1, 3, "B")], "force_span 1..3 overlaps force_span 0..2"),
+    ([ForceSpan(3, 6, "A")], "force_span 3..6 ends past the document's 4 tokens"),
+    ([ForceSpan(0, 2, "A"), ForbidLabels(["A"], 1, 2)],
+     "force_span 0..2 has a label that forbid_labels forbids there"),
+])
+def test_forced_spans_that_cannot_hold_are_infeasible_with_their_reason(head, constraints, reason):
+    """Forced spans that overlap, leave the document or are forbidden cannot all be entities:
+    every head reports the set infeasible, says why, and keeps its unconstrained prediction
+    without a search."""
+    report = _constrained_on_four_tokens(head, constraints).reports[0]
+    assert (report.status, report.searched, report.reason) == ("infeasible", False, reason)
+
+
+@pytest.mark.parametrize("head", ["filtered", "semicrf", "crf"])
+def test_counts_no_path_meets_are_infeasible_after_a_search(head):
+    """Five entities of A in four tokens: the search runs and finds no path."""
+    report = _constrained_on_four_tokens(head, [Exactly("A", 5, "doc")]).reports[0]
+    want = NO_FILTERED_PATH if head == "filtered" else NO_SEGMENTATION
+    assert (report.status, report.searched, report.reason) == ("infeasible", True, want)
+    satisfied = _constrained_on_four_tokens(head, [AtMost("A", 5, "doc")]).reports[0]
+    assert satisfied.reason == ""
 
 
 def test_semicrf_obeys_a_forbidden_range_beside_a_forced_span():
@@ -603,6 +633,7 @@ def test_crf_token_left_without_a_tag_is_infeasible_without_a_search():
     out = crf_constrained(emissions, T, torch.tensor([4]), scheme, [DocConstraints(program)],
                           scheme.allowed)
     assert (out.reports[0].status, out.reports[0].searched) == ("infeasible", False)
+    assert out.reports[0].reason == "force_span 0..3 has a label that forbid_labels forbids there"
 
 
 # ----------------------------------------------------------------------------- no constraints

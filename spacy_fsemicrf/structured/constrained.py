@@ -42,7 +42,7 @@ class ConstraintReport(NamedTuple):
     unconstrained result is kept). ``score`` is the returned path's score, ``unconstrained``
     the unconstrained best score; ``searched`` whether the exact search ran, over ``states``
     automaton states; ``dropped``: nodes the filtered head left off its path for a
-    constraint."""
+    constraint; ``reason``: why an infeasible document has no such path ("" otherwise)."""
 
     status: str
     score: float
@@ -50,6 +50,13 @@ class ConstraintReport(NamedTuple):
     searched: bool = False
     states: int = 1
     dropped: int = 0
+    reason: str = ""
+
+
+# why a search that ran found no path (the token-level conflicts have their own reasons)
+NO_FILTERED_PATH = ("no path through the spans the filter kept obeys the count and pair "
+                    "constraints (one may ask for an entity the filter did not keep)")
+NO_SEGMENTATION = "no segmentation obeys the count and pair constraints together"
 
 
 class ConstrainedDecode(NamedTuple):
@@ -177,8 +184,9 @@ def _search_filtered(
     """The best path obeying the constraints (its items, or None when there is none) and the
     report."""
     states = doc.program.automaton.n_states
-    if items.contradictory:
-        return None, ConstraintReport("infeasible", viterbi_score, viterbi_score, False, states)
+    if items.conflict:
+        return None, ConstraintReport("infeasible", viterbi_score, viterbi_score, False, states,
+                                      reason=items.conflict)
     sentence = sentence_index(length, doc.sentence_starts)
     graph, automaton = items.graph, doc.program.automaton
     # A path without drops always wins, and its search only reads the few ends after the
@@ -187,7 +195,8 @@ def _search_filtered(
     if not found.paths and graph.droppable is not None and graph.droppable.any():
         found = search(graph, T, automaton, sentence, k=1)
     if not found.paths:
-        return None, ConstraintReport("infeasible", viterbi_score, viterbi_score, True, states)
+        return None, ConstraintReport("infeasible", viterbi_score, viterbi_score, True, states,
+                                      reason=NO_FILTERED_PATH)
     path = found.paths[0]
     report = ConstraintReport("optimal", path.score, viterbi_score, True, states, path.drops)
     return path.items, report
@@ -209,7 +218,7 @@ def _lattice_constrained(
 ) -> Tuple[List[List[Span]], List[Optional[ConstraintReport]]]:
     """The semi-CRF / CRF recipe: the documents whose unconstrained best path breaks a
     constraint are searched in batches that share a program. ``scores [B, L, W, C]``;
-    ``valid(b, program)`` gives ``(mask [L, W, C], contradictory)``; ``to_spans(items)`` the
+    ``valid(b, program)`` gives ``(mask [L, W, C], conflict)``; ``to_spans(items)`` the
     entities of a lattice path."""
     B, L = scores.shape[:2]
     out = list(viterbi)
@@ -223,9 +232,10 @@ def _lattice_constrained(
         if satisfies(doc.program, viterbi[b], length, doc.sentence_starts):
             reports[b] = ConstraintReport("satisfied", unconstrained, unconstrained, False, states)
             continue
-        mask, contradictory = valid(b, doc.program)
-        if contradictory:
-            reports[b] = ConstraintReport("infeasible", unconstrained, unconstrained, False, states)
+        mask, conflict = valid(b, doc.program)
+        if conflict:
+            reports[b] = ConstraintReport("infeasible", unconstrained, unconstrained, False, states,
+                                          reason=conflict)
             continue
         batches.setdefault(id(doc.program), []).append((b, mask))
     for batch in batches.values():
@@ -242,7 +252,8 @@ def _lattice_constrained(
         for b, paths in zip(docs, found):
             plain = float(viterbi_scores[b])
             if not paths:
-                reports[b] = ConstraintReport("infeasible", plain, plain, True, states)
+                reports[b] = ConstraintReport("infeasible", plain, plain, True, states,
+                                              reason=NO_SEGMENTATION)
                 continue
             score, items = paths[0]
             out[b] = to_spans(items)
@@ -302,8 +313,8 @@ def crf_constrained(
     T = itemgraphs.crf_transitions(transitions, allowed)
 
     def valid(b, program):
-        mask, contradictory = itemgraphs.crf_valid(int(lengths_np[b]), L, scheme, program)
-        return mask[:, None, :], contradictory
+        mask, conflict = itemgraphs.crf_valid(int(lengths_np[b]), L, scheme, program)
+        return mask[:, None, :], conflict
 
     def to_spans(items):
         return list(itemgraphs.crf_tags_to_spans([c for _, _, c in items], scheme))

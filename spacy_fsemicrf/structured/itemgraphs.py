@@ -12,9 +12,9 @@
   span keeps only its own tags on the span (and, in BIO, removes the tag that would continue
   it on the next token); the invalid transitions go to ``-inf``.
 
-Each builder says whether the constraints are contradictory on this document (a forced span
-past the end or wider than the head allows, overlapping forced spans, a forced span that is
-forbidden): then no path satisfies them.
+Each builder says why the constraints contradict each other on this document, if they do (a
+forced span past the end or wider than the head allows, overlapping forced spans, a forced
+span that is forbidden): then no path satisfies them.
 """
 from typing import Callable, NamedTuple, Optional, Tuple
 
@@ -28,12 +28,13 @@ from .pathsearch import ItemGraph
 
 class DocItems(NamedTuple):
     """One document's item graph; ``changed`` says whether the token-level constraints removed
-    or added items, ``contradictory`` whether they cannot all hold; ``origin`` (filtered head)
-    maps each item to its node in the input list, -1 for an added forced span."""
+    or added items, ``conflict`` why they cannot all hold ("" when they can); ``origin``
+    (filtered head) maps each item to its node in the input list, -1 for an added forced
+    span."""
 
     graph: Optional[ItemGraph]
     changed: bool = False
-    contradictory: bool = False
+    conflict: str = ""
     origin: Optional[numpy.ndarray] = None
 
 
@@ -47,20 +48,28 @@ def _forbidden(starts, ends, labels, forbid: Forbid, length: int) -> numpy.ndarr
     return hit
 
 
-def _forces_ok(forces: Tuple[Force, ...], length: int, max_width: Optional[int]) -> bool:
-    """The forced spans lie in the document, fit the head's width and do not overlap."""
-    for i, f in enumerate(forces):
-        if f.end >= length or (max_width is not None and f.end - f.start >= max_width):
-            return False
-        if i and forces[i - 1].end >= f.start:  # sorted by start
-            return False
-    return True
-
-
 def _is_forbidden(f: Force, forbids: Tuple[Forbid, ...], length: int) -> bool:
     """Whether a forbidden range covers the forced span ``f`` with its label."""
     one = [numpy.array([v]) for v in f]
     return any(bool(_forbidden(*one, x, length)[0]) for x in forbids)
+
+
+def force_conflict(program: ConstraintProgram, length: int, max_width: Optional[int]) -> str:
+    """Why the forced spans of ``program`` cannot all hold on a document of ``length`` tokens
+    ("" when they can): one past the end, wider than ``max_width``, two overlapping, or one
+    that a ``forbid_labels`` range forbids (offsets as the constraints give them)."""
+    forces = program.forces
+    for i, f in enumerate(forces):
+        where = f"force_span {f.start}..{f.end + 1}"
+        if f.end >= length:
+            return f"{where} ends past the document's {length} tokens"
+        if max_width is not None and f.end - f.start >= max_width:
+            return f"{where} is wider than the head's max_width={max_width}"
+        if i and forces[i - 1].end >= f.start:  # sorted by start
+            return f"{where} overlaps force_span {forces[i - 1].start}..{forces[i - 1].end + 1}"
+        if _is_forbidden(f, program.forbids, length):
+            return f"{where} has a label that forbid_labels forbids there"
+    return ""
 
 
 def filtered_items(
@@ -84,15 +93,13 @@ def filtered_items(
     keep = numpy.ones(len(scores), dtype=bool)
     for f in program.forbids:
         keep &= ~_forbidden(starts, ends, labels, f, length)
-    forces = program.forces
-    if not _forces_ok(forces, length, max_width):
-        return DocItems(None, True, True)
+    conflict = force_conflict(program, length, max_width)
+    if conflict:
+        return DocItems(None, True, conflict)
     forced = numpy.zeros(len(scores), dtype=bool)
     added = []
-    for f in forces:
+    for f in program.forces:
         same = (starts == f.start) & (ends == f.end) & (labels == f.label)
-        if _is_forbidden(f, program.forbids, length):
-            return DocItems(None, True, True)
         keep &= ~((starts <= f.end) & (ends >= f.start)) | same
         forced |= same
         if not same.any():
@@ -108,7 +115,7 @@ def filtered_items(
     origin = numpy.concatenate([origin[keep], numpy.full(len(added), -1)])
     droppable = program.automaton.droppable[labels] & ~forced
     graph = ItemGraph(starts, ends, labels, labels, labels, scores, length, droppable)
-    return DocItems(graph, changed, False, origin)
+    return DocItems(graph, changed, "", origin)
 
 
 def _grid(shape: Tuple[int, int, int]):
@@ -125,42 +132,42 @@ def segments_inside(lengths: numpy.ndarray, shape: Tuple[int, int, int]) -> nump
 
 def semicrf_valid(
     length: int, shape: Tuple[int, int, int], program: Optional[ConstraintProgram] = None
-) -> Tuple[numpy.ndarray, bool]:
-    """``(valid [L, K, C], contradictory)``: the segments of a document of ``length`` tokens
+) -> Tuple[numpy.ndarray, str]:
+    """``(valid [L, K, C], conflict)``: the segments of a document of ``length`` tokens
     that may occur (inside it, null ones one token wide, obeying the token-level constraints)
     on the head's ``[L, K, C]`` grid."""
     s, w, c = _grid(shape)
     K = shape[1]
     valid = segments_inside(numpy.array([length]), shape)[0]
     if program is None:
-        return valid, False
+        return valid, ""
     e = s + w
     for f in program.forbids:
         valid &= ~_forbidden(s, e, c, f, length)
-    if not _forces_ok(program.forces, length, K):
-        return valid, True
+    conflict = force_conflict(program, length, K)
+    if conflict:
+        return valid, conflict
     for f in program.forces:
-        if not valid[f.start, f.end - f.start, f.label]:  # forbidden
-            return valid, True
         own = (s == f.start) & (w == f.end - f.start) & (c == f.label)
         valid &= ~((s <= f.end) & (e >= f.start)) | own
-    return valid, False
+    return valid, ""
 
 
 def crf_valid(
     length: int, L: int, scheme: TagScheme, program: Optional[ConstraintProgram] = None
-) -> Tuple[numpy.ndarray, bool]:
-    """``(valid [L, n_tags], contradictory)``: the tags each token of a document of
+) -> Tuple[numpy.ndarray, str]:
+    """``(valid [L, n_tags], conflict)``: the tags each token of a document of
     ``length`` tokens may take under the token-level constraints (none past the end)."""
     labels = scheme.labels.numpy()
     t = numpy.arange(L)[:, None]
     valid = numpy.broadcast_to(t < length, (L, scheme.n_tags)).copy()
     if program is None:
-        return valid, False
+        return valid, ""
     for f in program.forbids:
         valid &= ~_forbidden(t, t, labels, f, length)
-    if not _forces_ok(program.forces, length, None):
-        return valid, True
+    conflict = force_conflict(program, length, None)
+    if conflict:
+        return valid, conflict
     for f in program.forces:
         own = numpy.zeros_like(valid)
         for pos, kind in _force_tags(f, scheme.scheme):
@@ -168,7 +175,7 @@ def crf_valid(
         valid &= ~((t >= f.start) & (t <= f.end)) | own
         if f.end + 1 < length and scheme.scheme == "BIO":  # the entity ends at f.end
             valid[f.end + 1, scheme.tag("I", f.label)] = False
-    return valid, not valid[:length].any(1).all()  # a token left without a tag
+    return valid, ""  # O stays open outside the forced spans: every token keeps a tag
 
 
 def crf_symbols(scheme: TagScheme) -> numpy.ndarray:
