@@ -30,6 +30,7 @@ hundred predicted entities make a usable map; a few thousand a good one.
 import argparse
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -315,16 +316,26 @@ def raw_outcomes(
     return numpy.concatenate(raws), numpy.asarray(correct, dtype=bool), numpy.concatenate(seen)
 
 
-def calibrate_component(nlp: Language, component: str, gold_docs: Iterable[Doc]) -> Dict[str, Any]:
+def calibrate_component(
+    nlp: Language, component: str, gold_docs: Iterable[Doc]
+) -> Optional[Dict[str, Any]]:
     """Fit the calibration map of ``nlp``'s ``component`` on the held-out ``gold_docs`` (with
-    their gold entities), store it in the component and return it."""
+    their gold entities), store it in the component and return it; None, with a warning and
+    the map unchanged, when the component predicts no entity on them. Documents without entity
+    annotation are left out (with a warning), as from the training loss: their predicted
+    entities would all count as wrong."""
     pipe = nlp.get_pipe(component)
     if not hasattr(pipe, "calibration"):
         raise ValueError(f"'{component}' is not an fsemicrf_ner component")
-    raw, correct, seen = raw_outcomes(nlp, component, gold_docs)
+    docs = list(gold_docs)
+    annotated = [doc for doc in docs if doc.has_annotation("ENT_IOB")]
+    if len(annotated) < len(docs):
+        logger.warning("%s: %d of the %d calibration documents have no entity annotation and "
+                       "are left out", component, len(docs) - len(annotated), len(docs))
+    raw, correct, seen = raw_outcomes(nlp, component, annotated)
     if raw.size == 0:
         logger.warning("%s: no predicted entities to calibrate on; the map is unchanged", component)
-        return pipe.calibration
+        return None
     pipe.calibration = fit_calibration(raw, correct, seen if pipe.seen_entities.size else None)
     return pipe.calibration
 
@@ -380,6 +391,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.train is not None:
         nlp.get_pipe(names[0]).record_seen_entities(read_docs(args.train, nlp.vocab))
     fitted = calibrate_component(nlp, names[0], read_docs(args.dev, nlp.vocab))
+    if fitted is None:
+        print(f"{names[0]}: no predicted entity in the annotated documents of {args.dev}; "
+              f"nothing saved", file=sys.stderr)
+        return 1
     nlp.to_disk(output)
     print(f"{names[0]}: calibration map ({fitted['method']}) fitted on {fitted['n_entities']} "
           f"entities of {args.dev} ({fitted['n_correct']} correct), saved to {output}")

@@ -549,6 +549,38 @@ def test_the_fit_uses_only_the_documents_given(small_nlp, tmp_path):
     assert correct.sum() <= min(n_gold, raw.size)
 
 
+def test_documents_without_entity_annotation_are_left_out_of_the_fit(small_nlp, tmp_path,
+                                                                    caplog):
+    """A document whose entities were never set counted every predicted entity as wrong: a dev
+    set of such documents fitted a map that scored every entity near 0, without a word."""
+    nlp = _copy(small_nlp, tmp_path)
+    gold = [eg.reference for eg in make_examples(nlp)]
+    bare = [nlp.make_doc(doc.text) for doc in gold]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        mixed = calibrate_component(nlp, "fsemicrf_ner", gold + bare)
+    assert mixed == calibrate_component(nlp, "fsemicrf_ner", gold)
+    assert [r.getMessage() for r in caplog.records if "annotation" in r.getMessage()] == [
+        f"fsemicrf_ner: {len(bare)} of the {2 * len(bare)} calibration documents have no entity "
+        "annotation and are left out"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        assert calibrate_component(nlp, "fsemicrf_ner", bare) is None
+    assert nlp.get_pipe("fsemicrf_ner").calibration == mixed  # unchanged
+    assert any("the map is unchanged" in r.getMessage() for r in caplog.records)
+
+
+def test_the_command_saves_nothing_without_entities_to_fit(small_nlp, tmp_path, capsys):
+    """It crashed on a pipeline without a map, and on one with a map reported the old map's
+    counts as a new fit and saved the pipeline again."""
+    small_nlp.to_disk(tmp_path / "model")
+    bare = DocBin(docs=[small_nlp.make_doc(t) for t, _ in TRAIN_DATA])
+    bare.to_disk(tmp_path / "bare.spacy")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "model").rglob("*"))
+    assert calibration.main([str(tmp_path / "model"), str(tmp_path / "bare.spacy")]) == 1
+    assert "no predicted entity in the annotated documents" in capsys.readouterr().err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "model").rglob("*")) == before
+
+
 def test_threshold_drops_low_scores_and_zero_keeps_every_decision(small_nlp, tmp_path):
     texts = [t for t, _ in TRAIN_DATA]
     nlp = _copy(small_nlp, tmp_path)
