@@ -280,6 +280,48 @@ def test_unreadable_inputs_fail_clearly(tmp_path):
         plan_shards(tmp_path / "empty", 10)
 
 
+@pytest.mark.parametrize("settings, message", [
+    ({"batch_size": 0}, "the batch size must be at least 1, got 0"),
+    ({"workers": 0}, "the number of workers must be at least 1, got 0"),
+])
+def test_settings_that_would_annotate_nothing_fail_before_any_output(
+        model_dir, corpus, tmp_path, settings, message):
+    """``nlp.pipe(batch_size=0)`` yields no document: every shard was written empty, counted as
+    finished, and a rerun kept it."""
+    with pytest.raises(AnnotateError, match=f"^{message}$"):
+        annotate(str(model_dir), corpus, tmp_path / "out", progress=False, **settings)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_is_a_file_fails_clearly(model_dir, corpus, tmp_path):
+    (tmp_path / "out").write_text("a file")
+    with pytest.raises(AnnotateError, match="must be a directory: .*out is a file"):
+        annotate(str(model_dir), corpus, tmp_path / "out", progress=False)
+
+
+def test_output_files_are_readable_as_the_umask_allows(tmp_path):
+    """mkstemp creates 0600 files; renamed into place they kept that mode, so another user's
+    downstream job could not read the shards."""
+    from spacy_fsemicrf.annotate.shards import FILE_MODE, merge_entities, prepare_output
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert FILE_MODE == 0o666 & ~mask
+    nlp = spacy.blank("en")
+    shards = plan_shards_of_one_text(tmp_path)
+    prepare_output(tmp_path / "out", "model", 10, shards)
+    write_shard(tmp_path / "out", 0, [nlp("Hello there .")], [{"id": "x"}])
+    merge_entities(tmp_path / "out", shards)
+    files = [tmp_path / "out" / "manifest.json", tmp_path / "out" / "entities.jsonl",
+             *shard_paths(tmp_path / "out", 0).values()]
+    assert [f.stat().st_mode & 0o777 for f in files] == [FILE_MODE] * 4
+
+
+def plan_shards_of_one_text(tmp_path):
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "Hello there ."}) + "\n")
+    return plan_shards(tmp_path / "in.jsonl", 10)
+
+
 def test_a_rerun_with_other_settings_is_refused(model_dir, corpus, tmp_path):
     out = tmp_path / "out"
     from spacy_fsemicrf.annotate.shards import prepare_output

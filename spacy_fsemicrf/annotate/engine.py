@@ -34,6 +34,7 @@ try:
 except ImportError:  # pragma: no cover - the annotate extra is not installed
     Client = LocalCluster = as_completed = None
 
+NO_DASK = "annotate needs Dask distributed: pip install 'spacy-fsemicrf[annotate]'"
 # Worker state: the pipelines this process has loaded, by model, and how often each was loaded.
 _PIPELINES: Dict[str, Language] = {}
 _LOADS: Dict[str, int] = {}
@@ -121,9 +122,7 @@ def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]
     """``(client, cluster)``: a client of the scheduler at ``scheduler``, or of a new
     ``LocalCluster`` of ``workers`` processes with one thread each (cluster None otherwise)."""
     if Client is None:
-        raise AnnotateError(
-            "annotate needs Dask distributed: pip install 'spacy-fsemicrf[annotate]'"
-        )
+        raise AnnotateError(NO_DASK)
     if scheduler:
         try:
             return Client(scheduler, timeout="30s"), None
@@ -175,6 +174,11 @@ def annotate(
     ``on_shard_done`` is called with each finished task's result, in the order they finish.
     """
     start = time.perf_counter()
+    for name, value in (("batch size", batch_size), ("number of workers", workers)):
+        if value is not None and value < 1:  # nlp.pipe(batch_size=0) yields no document
+            raise AnnotateError(f"the {name} must be at least 1, got {value}")
+    if client is None and Client is None:
+        raise AnnotateError(NO_DASK)
     model = resolve_model(model, must_exist_here=client is None and not scheduler)
     shards = plan_shards(Path(input_path), shard_size)
     output = Path(output)

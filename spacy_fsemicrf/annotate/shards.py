@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Set, Union
+from typing import Any, Dict, Iterable, List, Set, Tuple, Union
 
 import numpy
 import srsly
@@ -27,6 +27,18 @@ from .inputs import AnnotateError, Shard
 
 MANIFEST_FORMAT = 1
 TMP_SUFFIX = ".tmp"
+
+
+def _process_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp makes its files readable by their owner only; the output files get the mode a plain
+# open() would give them, so that other users' downstream jobs can read them (read once, at
+# import: setting the umask to read it is not thread-safe)
+FILE_MODE = 0o666 & ~_process_umask()
 # The token attributes whose strings DocBin.add stores: text, norm, lemma, tag, dep, entity
 # type, KB id and id, morphology.
 STRING_ATTRS = (ORTH, NORM, LEMMA, TAG, DEP, ENT_TYPE, ENT_KB_ID, ENT_ID, MORPH)
@@ -122,8 +134,15 @@ def shard_docbin(docs: List[Doc]) -> DocBin:
     return docbin
 
 
-def _write_tmp(final: Path, data: bytes) -> str:
+def _mkstemp(final: Path) -> Tuple[int, str]:
+    """A temporary file beside ``final`` (to be renamed into place), with :data:`FILE_MODE`."""
     fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=TMP_SUFFIX)
+    os.fchmod(fd, FILE_MODE)
+    return fd, tmp
+
+
+def _write_tmp(final: Path, data: bytes) -> str:
+    fd, tmp = _mkstemp(final)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -163,6 +182,9 @@ def prepare_output(output: Path, model: str, shard_size: int, shards: List[Shard
         "shards": [shard.to_dict() for shard in shards],
     }
     path = output / "manifest.json"
+    for folder in (output, output / "shards"):
+        if folder.exists() and not folder.is_dir():
+            raise AnnotateError(f"OUTPUT {output} must be a directory: {folder} is a file")
     (output / "shards").mkdir(parents=True, exist_ok=True)
     if path.exists():
         previous = _read_manifest(path)
@@ -187,7 +209,7 @@ def _read_manifest(path: Path) -> Dict[str, Any]:
 def merge_entities(output: Path, shards: List[Shard]) -> Path:
     """Concatenate the shards' entity files, in input order, into OUTPUT/entities.jsonl."""
     final = output / "entities.jsonl"
-    fd, tmp = tempfile.mkstemp(dir=output, prefix=".entities.", suffix=TMP_SUFFIX)
+    fd, tmp = _mkstemp(final)
     try:
         with os.fdopen(fd, "wb") as out:
             for shard in shards:
