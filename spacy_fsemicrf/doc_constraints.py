@@ -4,8 +4,9 @@ own (``doc.user_data["fsemicrf_constraints"]``), as lists of dicts such as
 ``{"kind": "at_most", "label": "ORG", "n": 1, "scope": "doc"}`` (see
 :mod:`spacy_fsemicrf.structured.constraints` for every kind).
 
-A document's own constraints that do not parse or name a label the component does not know are
-left out with a warning: one bad document never stops a pipe.
+A document's own constraints that do not parse, name a label the component does not know, or
+need too many search states together with the component's and the call's are left out with a
+warning: one bad document never stops a pipe.
 """
 import logging
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
@@ -42,10 +43,15 @@ def constraints_of_docs(
     has any. ``shared`` are the component's and the call's constraints (already checked)."""
     out: List[Optional[DocConstraints]] = []
     for doc in docs:
-        own = doc_own_constraints(doc, labels, component)
-        found = shared + own
-        out.append(DocConstraints(compile_constraints(found, labels), sentence_starts(doc))
-                   if found else None)
+        found = shared + doc_own_constraints(doc, labels, component)
+        try:
+            program = compile_constraints(found, labels) if found else None
+        except ValueError as err:  # valid alone, too many search states together
+            logger.warning("%s: the constraints in doc.user_data[%r] are left out: with the "
+                           "component's and the call's: %s", component, USER_DATA_KEY, err)
+            found = shared
+            program = compile_constraints(found, labels) if found else None
+        out.append(DocConstraints(program, sentence_starts(doc)) if found else None)
     return out if any(c is not None for c in out) else None
 
 

@@ -8,7 +8,8 @@ import pytest
 import spacy
 
 from spacy_fsemicrf.doc_constraints import USER_DATA_KEY
-from spacy_fsemicrf.structured.constraints import parse_constraints, satisfies  # noqa: F401
+from spacy_fsemicrf.structured.constraints import (  # noqa: F401
+    MAX_STATES, parse_constraints, satisfies)
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
     from .conftest import TRAIN_DATA, make_examples, model_config, train_pipeline
@@ -90,6 +91,25 @@ def test_constraints_per_call_and_per_document(trained, caplog):
     left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert len(left_out) == 1 and left_out[0].startswith(
         f"fsemicrf_ner: the constraints in doc.user_data[{USER_DATA_KEY!r}] are left out: ")
+
+
+def test_document_constraints_too_many_with_the_components_are_left_out(trained, caplog):
+    """Each set alone fits the search (31 states); together they need 961, more than
+    MAX_STATES. The combined set was compiled outside the check and stopped the whole pipe."""
+    ner = trained.get_pipe("fsemicrf_ner")
+    first, second = ner.labels[:2]
+    doc = trained.make_doc(TWO_ORGS)
+    doc.user_data[USER_DATA_KEY] = [{"kind": "at_most", "label": second, "n": 30}]
+    fine = trained.make_doc(TWO_ORGS)
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        docs = list(ner.pipe([doc, fine],
+                             constraints=[{"kind": "at_most", "label": first, "n": 30}]))
+    assert all(d.spans["fsemicrf"].attrs["constraints"]["status"] == "satisfied" for d in docs)
+    left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(left_out) == 1 and left_out[0].startswith(
+        f"fsemicrf_ner: the constraints in doc.user_data[{USER_DATA_KEY!r}] are left out: with "
+        f"the component's and the call's: these constraints need more than {MAX_STATES} search "
+        "states")
 
 
 def test_an_infeasible_document_keeps_its_prediction_with_a_warning(trained, caplog):

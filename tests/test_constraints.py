@@ -127,6 +127,26 @@ def test_invalid_constraints(item, message):
         parse_constraints([item])
 
 
+def test_integer_fields_take_numpy_integers_and_keep_plain_ints():
+    """Offsets often come from arrays (``numpy.int64``): they were refused; they are kept as
+    plain ints, which the config's JSON can hold. NumPy bools and floats stay refused."""
+    items = [{"kind": "force_span", "start": numpy.int64(1), "end": numpy.int32(3), "label": "A"},
+             {"kind": "forbid_labels", "start": numpy.uint8(4), "end": None},
+             {"kind": "at_least", "label": "B", "n": numpy.int16(2)}]
+    parsed = parse_constraints(items)
+    dicts = constraints_to_dicts(parsed)
+    assert dicts == [{"kind": "force_span", "start": 1, "end": 3, "label": "A"},
+                     {"kind": "forbid_labels", "labels": None, "start": 4, "end": None},
+                     {"kind": "at_least", "label": "B", "n": 2, "scope": "doc"}]
+    assert all(type(d[k]) is int for d in dicts for k in ("start", "end", "n")
+               if d.get(k) is not None)
+    for bad in (numpy.True_, numpy.float64(2.0)):
+        with pytest.raises(ValueError, match="non-negative"):
+            parse_constraints([{"kind": "at_most", "label": "A", "n": bad}])
+        with pytest.raises(ValueError, match="start must be a non-negative token offset"):
+            parse_constraints([{"kind": "force_span", "start": bad, "end": 5, "label": "A"}])
+
+
 def test_invalid_against_labels():
     with pytest.raises(ValueError, match="unknown label 'D'"):
         compile_constraints([{"kind": "requires", "label": "A", "other": "D"}], LABELS)

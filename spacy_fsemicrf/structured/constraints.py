@@ -26,6 +26,7 @@ over entity labels (:class:`Automaton`): a state is a tuple of counters and flag
 search over (position, state) enforces them with no relaxation. The last two are enforced by
 removing the items (nodes, segments, tags) that contradict them.
 """
+import operator
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from typing import ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -43,9 +44,23 @@ def _check_label(name: str, value) -> None:
         raise ValueError(f"{name} must be a non-empty label name, got {value!r}")
 
 
-def _check_count(value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+def _whole(value) -> Optional[int]:
+    """``value`` as a Python int when it is an integer (a NumPy one too: offsets often come
+    from arrays), not a bool; else None."""
+    if isinstance(value, (bool, numpy.bool_)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _check_count(owner: "Constraint") -> None:
+    value = owner.n
+    whole = _whole(value)
+    if whole is None or whole < 0:
         raise ValueError(f"n must be a non-negative integer, got {value!r}")
+    object.__setattr__(owner, "n", whole)
 
 
 def _check_scope(value) -> None:
@@ -53,11 +68,14 @@ def _check_scope(value) -> None:
         raise ValueError(f"scope must be one of {SCOPES}, got {value!r}")
 
 
-def _check_offset(name: str, value, optional: bool) -> None:
+def _check_offset(owner: "Constraint", name: str, optional: bool) -> None:
+    value = getattr(owner, name)
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    whole = _whole(value)
+    if whole is None or whole < 0:
         raise ValueError(f"{name} must be a non-negative token offset, got {value!r}")
+    object.__setattr__(owner, name, whole)  # a plain int, which the config's JSON can hold
 
 
 class Constraint:
@@ -84,7 +102,7 @@ class _Count(Constraint):
 
     def __post_init__(self) -> None:
         _check_label("label", self.label)
-        _check_count(self.n)
+        _check_count(self)
         _check_scope(self.scope)
 
 
@@ -156,8 +174,8 @@ class ForbidLabels(Constraint):
                 raise ValueError("labels must name at least one label (leave it out for all)")
             for label in self.labels:
                 _check_label("labels", label)
-        _check_offset("start", self.start, optional=True)
-        _check_offset("end", self.end, optional=True)
+        _check_offset(self, "start", optional=True)
+        _check_offset(self, "end", optional=True)
         if self.start is not None and self.end is not None and self.end <= self.start:
             raise ValueError(f"end must be after start, got start={self.start}, end={self.end}")
 
@@ -175,8 +193,8 @@ class ForceSpan(Constraint):
     kind: ClassVar[str] = "force_span"
 
     def __post_init__(self) -> None:
-        _check_offset("start", self.start, optional=False)
-        _check_offset("end", self.end, optional=False)
+        _check_offset(self, "start", optional=False)
+        _check_offset(self, "end", optional=False)
         if self.end <= self.start:
             raise ValueError(f"end must be after start, got start={self.start}, end={self.end}")
         _check_label("label", self.label)
