@@ -37,6 +37,7 @@ from .scorer import ner_score
 from .structured.constraints import Constraint, ForceSpan, constraints_to_dicts
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
+from .structured.nbest import Segmentation
 from .structured.prediction import DecodeOptions
 
 logger = logging.getLogger("spacy_fsemicrf")
@@ -45,6 +46,9 @@ logger = logging.getLogger("spacy_fsemicrf")
 remember_msgpack_lookups()
 
 DEFAULT_SPANS_KEY = "fsemicrf"
+MAX_NBEST = 1024
+"""The most segmentations :meth:`FSemiCRFEntityRecognizer.nbest` searches: its memory grows
+with ``k`` times the document's positions, widths and labels."""
 SEEN_ENTITIES = "seen_entities"  # serialization key of FSemiCRFEntityRecognizer.seen_entities
 
 # The pipeline's defaults, in one place: the model block of each head on spaCy's small CNN
@@ -210,6 +214,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self._warned_uncalibrated = False  # (initialize and loading set it)
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
+        self.n_misaligned_dropped = 0
+        """Gold entities left out of training so far because their edges are not token edges
+        of the document the pipeline predicts on (its tokenization differs)."""
         self.seen_entities = numpy.zeros((0,), dtype="uint64")
         """Sorted hashes (:func:`.calibration.entity_key`) of the texts of the gold entities
         given to :meth:`initialize`: a ``by_novelty`` calibration map scores the entities
@@ -385,7 +392,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 self.max_width,
                 widest,
             )
-        self.n_wide_dropped = self.widest_dropped = 0
+        self.n_wide_dropped = self.widest_dropped = self.n_misaligned_dropped = 0
         self.calibration = None  # a new model: the scores need a new map
         # no warning while it is trained and evaluated: the map comes when it is saved
         # ([training.before_to_disk]) or from the calibrate command; loading arms it again
@@ -438,12 +445,13 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """Gold rows ``(doc, start, end_inclusive, label 1..M)`` aligned to the predicted docs,
         and a mask of the examples whose reference has entity annotation (the others are left
         out of the loss). Entities wider than ``max_width`` are dropped for span heads and
-        counted in ``n_wide_dropped`` (with a warning)."""
+        counted in ``n_wide_dropped``, entities whose edges are not token edges of the
+        predicted doc in ``n_misaligned_dropped`` (each with a warning)."""
         label_ids = {label: i + 1 for i, label in enumerate(self.labels)}
         limit = self.max_width if self.span_head else None
         rows: List[Tuple[int, int, int, int]] = []
         mask = numpy.zeros((len(examples),), dtype=bool)
-        n_wide = widest = 0
+        n_wide = widest = n_misaligned = 0
         for i, eg in enumerate(examples):
             ref = eg.reference
             if not ref.has_annotation("ENT_IOB"):
@@ -458,7 +466,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                         f"(labels: {list(self.labels)}). Include it in the initialization "
                         f"examples or in [initialize.components.{self.name}.labels]."
                     )
-            for ent in eg.get_aligned_spans_y2x(ents, allow_overlap=False):
+            aligned = eg.get_aligned_spans_y2x(ents, allow_overlap=False)
+            n_misaligned += len(ents) - len(aligned)
+            for ent in aligned:
                 if limit is not None and len(ent) > limit:
                     n_wide += 1
                     widest = max(widest, len(ent))
@@ -466,6 +476,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 rows.append((i, ent.start, ent.end - 1, label_ids[ent.label_]))
         if n_wide:
             self._report_wide(n_wide, widest)
+        if n_misaligned:
+            self._report_misaligned(n_misaligned)
         gold = numpy.asarray(rows, dtype="int64").reshape(-1, 4)
         return gold, mask
 
@@ -473,8 +485,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         before = self.n_wide_dropped
         self.n_wide_dropped += n_wide
         self.widest_dropped = max(self.widest_dropped, widest)
-        # Warn at 1, 10, 100, ... dropped entities: never silent, never a flood.
-        if len(str(before)) != len(str(self.n_wide_dropped)) or before == 0:
+        if _reached_a_power_of_ten(before, self.n_wide_dropped):
             logger.warning(
                 "%s: %d gold entities wider than max_width=%d tokens have been left out of "
                 "training so far; max_width=%d would keep them all.",
@@ -482,6 +493,20 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 self.n_wide_dropped,
                 self.max_width,
                 self.widest_dropped,
+            )
+
+    def _report_misaligned(self, n_misaligned: int) -> None:
+        before = self.n_misaligned_dropped
+        self.n_misaligned_dropped += n_misaligned
+        if _reached_a_power_of_ten(before, self.n_misaligned_dropped):
+            logger.warning(
+                "%s: %d gold entities do not start or end on a token edge of the documents the "
+                "pipeline predicts on (the pipeline's tokenizer splits the text otherwise than "
+                "the corpus) and have been left out of training so far; their tokens count as "
+                "outside any entity. Train on the corpus's tokens ([corpora.train] "
+                "gold_preproc = true) or adjust the tokenizer.",
+                self.name,
+                self.n_misaligned_dropped,
             )
 
     def get_loss(self, examples: Iterable[Example], scores) -> Tuple[float, float]:
@@ -600,12 +625,18 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """The ``k`` best segmentations of ``doc`` (a document the pipeline has run on, so
         that the tok2vec's vectors are there), best first: one span group each, named
         ``<spans_key>_nbest_<rank>`` (rank from 1), with the segmentation's probability in
-        ``attrs["probability"]``. Fewer than ``k`` where the document has fewer: the filtered
-        head ranks the paths of the graph its ``filter_margin`` keeps, often a single one; and
-        segmentations that differ only in whitespace tokens at entity edges count as one (the
-        entities are trimmed as in :meth:`set_annotations`). Constraints do not apply."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
+        ``attrs["probability"]``. Constraints do not apply; ``k`` is at most
+        :data:`MAX_NBEST` (the search keeps ``k`` partial paths per position and label).
+
+        The entities are trimmed of whitespace as in :meth:`set_annotations`, so segmentations
+        that differ only in whitespace tokens at entity edges give the same entities: the list
+        holds the most probable of them, with its own probability (the first one's is the
+        prediction's ``path_probability``), and the search goes on, up to :data:`MAX_NBEST`
+        segmentations, to find ``k`` distinct ones. Fewer than ``k`` where the document has
+        fewer (the filtered head ranks the paths of the graph its ``filter_margin`` keeps,
+        often a single one) or the search limit is reached."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_NBEST:
+            raise ValueError(f"k must be a positive integer up to {MAX_NBEST}, got {k!r}")
         if not model_is_initialized(self.model):
             raise ValueError(f"[{self.name}] nbest needs a trained component: initialize and "
                              f"train the pipeline, or load a trained one")
@@ -615,26 +646,35 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"[{self.name}] nbest needs a document the pipeline has run on (its tok2vec "
                 f"vectors come from the shared tok2vec component): nbest(nlp(text), k)."
             )
-        found = model_nbest(self.model, [doc], k, self._filter_margin)[0]
-        # segmentations that differ only in whitespace at entity edges are one once trimmed:
-        # its probability is the sum of theirs
-        merged: Dict[Tuple[Tuple[int, ...], ...], float] = {}
+        searched = k
+        while True:
+            found = model_nbest(self.model, [doc], searched, self._filter_margin)[0]
+            best = self._distinct_trimmed(doc, found)
+            if len(best) >= k or len(found) < searched or searched == MAX_NBEST:
+                break
+            searched = min(2 * searched, MAX_NBEST)  # whitespace variants took some ranks
+        labels = self.labels
+        groups = []
+        for rank, (entities, prob) in enumerate(best[:k]):
+            spans = [Span(doc, start, end + 1, label=labels[label - 1])
+                     for start, end, label in entities]
+            group = SpanGroup(doc, name=f"{self.spans_key}_nbest_{rank + 1}", spans=spans)
+            group.attrs["probability"] = prob
+            groups.append(group)
+        return groups
+
+    def _distinct_trimmed(
+        self, doc: Doc, found: List[Segmentation]
+    ) -> List[Tuple[Tuple[Tuple[int, int, int], ...], float]]:
+        """``(entities, probability)`` of the segmentations ``found`` (best first), trimmed
+        of whitespace, each entity set once: at its best rank."""
+        out: Dict[Tuple[Tuple[int, int, int], ...], float] = {}
         for seg in found:
             rows = numpy.array([(0, *span) for span in seg.spans], dtype="int64").reshape(-1, 4)
             keep = trim_whitespace([doc], rows, self._forced_spans)
             rows = rows if keep is None else rows[keep]
-            entities = tuple(map(tuple, rows[:, 1:].tolist()))
-            merged[entities] = merged.get(entities, 0.0) + seg.prob
-        ranked = sorted(merged.items(), key=lambda item: -item[1])  # stable: ties keep their rank
-        labels = self.labels
-        groups = []
-        for rank, (entities, prob) in enumerate(ranked):
-            spans = [Span(doc, start, end + 1, label=labels[label - 1])
-                     for start, end, label in entities]
-            group = SpanGroup(doc, name=f"{self.spans_key}_nbest_{rank + 1}", spans=spans)
-            group.attrs["probability"] = min(prob, 1.0)  # (a sum may round above 1)
-            groups.append(group)
-        return groups
+            out.setdefault(tuple(map(tuple, rows[:, 1:].tolist())), seg.prob)
+        return list(out.items())
 
     # Serialization ----------------------------------------------------------------------------
 
@@ -717,6 +757,12 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"The saved '{self.name}' model predicts {n_head} labels but its cfg lists "
                 f"{len(self.labels)} ({list(self.labels)}): the saved pipeline is inconsistent."
             )
+
+
+def _reached_a_power_of_ten(before: int, after: int) -> bool:
+    """Whether a count went from ``before`` to ``after`` past 1, 10, 100, ...: when to warn
+    about a growing count, never silent and never a flood."""
+    return before == 0 or len(str(before)) != len(str(after))
 
 
 def _span_groups(

@@ -182,6 +182,34 @@ def test_gold_entities_wider_than_max_width_are_reported(caplog):
     assert ner.n_wide_dropped == 2
 
 
+def test_gold_entities_off_the_predicted_tokens_are_counted_and_reported(caplog):
+    """A gold entity whose edges fall inside a token of the predicted document (the corpus
+    split the text otherwise) cannot be trained on: it was left out without a word."""
+    from spacy.tokens import Doc
+    from spacy.training import Example
+
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner")
+    reference = Doc(nlp.vocab, words=["Par", "is", "Hilton", "won", "in", "Rome"],
+                    spaces=[False, True, True, True, True, False],
+                    ents=["O", "B-PER", "I-PER", "O", "O", "B-LOC"])
+    predicted = nlp.make_doc(reference.text)  # "Paris" is one token here
+    examples = [Example(predicted, reference)] * 2
+    nlp.initialize(lambda: examples)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        gold, _ = ner.get_gold(examples)
+    loc = ner.labels.index("LOC") + 1
+    assert gold.tolist() == [[0, 4, 4, loc], [1, 4, 4, loc]]  # Rome; "is Hilton" is left out
+    assert ner.n_misaligned_dropped == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "fsemicrf_ner: 2 gold entities do not start or end on a token edge of the documents the "
+        "pipeline predicts on (the pipeline's tokenizer splits the text otherwise than the "
+        "corpus) and have been left out of training so far; their tokens count as outside any "
+        "entity. Train on the corpus's tokens ([corpora.train] gold_preproc = true) or adjust "
+        "the tokenizer."]
+
+
 def test_gold_entities_as_wide_as_max_width_are_kept_and_every_wider_one_is_counted():
     """An entity of exactly max_width tokens is trained on; two wider ones in one document are
     both counted, and the entity after them in that document is still trained on."""
@@ -448,7 +476,7 @@ def test_entities_never_start_or_end_on_whitespace(trained_nlp, monkeypatch):
     group = doc.spans[ner.spans_key]
     assert list(group) == list(doc.ents)
     assert group.attrs["scores"].tolist() == pytest.approx([0.9, 0.7])
-    # segmentations that differ only in an edge's whitespace are one, with both probabilities
+    # segmentations that differ only in an edge's whitespace are one, at the best one's rank
     found = [Segmentation(((6, 7, loc),), 2.0, math.log(0.5)),
              Segmentation(((7, 7, loc),), 1.9, math.log(0.3)),
              Segmentation(((1, 2, per),), 1.8, math.log(0.2))]
@@ -456,7 +484,7 @@ def test_entities_never_start_or_end_on_whitespace(trained_nlp, monkeypatch):
     best = ner.nbest(doc, 3)
     assert [[(s.text, s.label_) for s in g] for g in best] == [[("Paris", "LOC")],
                                                                [("John Smith", "PER")]]
-    assert [g.attrs["probability"] for g in best] == pytest.approx([0.8, 0.2])
+    assert [g.attrs["probability"] for g in best] == pytest.approx([0.5, 0.2])
     assert [g.name for g in best] == [f"{ner.spans_key}_nbest_1", f"{ner.spans_key}_nbest_2"]
 
 
@@ -523,24 +551,60 @@ def test_trim_whitespace_trims_each_edge_and_drops_whitespace_only_rows():
     assert trim_whitespace(docs, clean) is None and clean.tolist() == [[0, 0, 0, 1], [0, 2, 3, 1]]
 
 
-def test_nbest_trims_merges_and_keeps_forced_spans(trained_nlp, monkeypatch):
-    """In the n-best, whitespace-only entities go, segmentations that become one add their
-    probabilities (a sum above 1 by rounding is 1), and a forced span keeps its edges."""
+def test_nbest_trims_keeps_the_best_of_each_entity_set_and_keeps_forced_spans(
+        trained_nlp, monkeypatch):
+    """In the n-best, whitespace-only entities go, segmentations that become one are listed
+    once, at their best rank and with their own probability, and a forced span keeps its
+    edges."""
     from spacy_fsemicrf import component
     from spacy_fsemicrf.structured.nbest import Segmentation
 
     ner = trained_nlp.get_pipe("fsemicrf_ner")
     loc = ner.labels.index("LOC") + 1
     doc = trained_nlp.make_doc("went to  Paris .")  # token 2 is a space
-    found = [Segmentation(((2, 3, loc),), 2.0, math.log(0.7)),
+    found = [Segmentation(((2, 3, loc),), 2.0, math.log(0.5)),
              Segmentation(((2, 2, loc), (3, 3, loc)), 1.9, math.log(0.2)),
-             Segmentation(((3, 3, loc),), 1.8, math.log(0.4))]
-    monkeypatch.setattr(component, "model_nbest", lambda *args: [found])
-    best = ner.nbest(doc, 3)
-    assert [[(s.start, s.end) for s in g] for g in best] == [[(3, 4)]]
-    assert best[0].attrs["probability"] == 1.0
+             Segmentation(((3, 3, loc),), 1.8, math.log(0.15)),
+             Segmentation((), 1.7, math.log(0.1))]
+    monkeypatch.setattr(component, "model_nbest", lambda model, docs, k, margin: [found[:k]])
+    best = ner.nbest(doc, 2)
+    assert [[(s.start, s.end) for s in g] for g in best] == [[(3, 4)], []]
+    assert [g.attrs["probability"] for g in best] == pytest.approx([0.5, 0.1])
+    assert [g.name for g in best] == ["fsemicrf_nbest_1", "fsemicrf_nbest_2"]
+    assert len(ner.nbest(doc, 1)) == 1 and ner.nbest(doc, 1)[0].attrs["probability"] == 0.5
+    assert len(ner.nbest(doc, 3)) == 2  # every segmentation found: two entity sets
     doc.user_data["fsemicrf_constraints"] = [
         {"kind": "force_span", "start": 2, "end": 4, "label": "LOC"}]
     best = ner.nbest(doc, 3)
-    assert [[(s.start, s.end) for s in g] for g in best] == [[(2, 4)], [(3, 4)]]
-    assert [g.attrs["probability"] for g in best] == pytest.approx([0.7, 0.6])
+    assert [[(s.start, s.end) for s in g] for g in best] == [[(2, 4)], [(3, 4)], []]
+    assert [g.attrs["probability"] for g in best] == pytest.approx([0.5, 0.2, 0.1])
+
+
+def test_nbest_searches_on_for_k_distinct_entity_sets_up_to_its_limit(trained_nlp, monkeypatch):
+    """Whitespace variants of one entity set can fill the first ranks: the search doubles
+    until it finds ``k`` distinct sets, runs out of segmentations, or reaches MAX_NBEST."""
+    from spacy_fsemicrf import component
+    from spacy_fsemicrf.structured.nbest import Segmentation
+
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    doc = trained_nlp.make_doc("a  b  c  d")  # tokens 1, 3, 5 are spaces
+    variants = [Segmentation(((i, i, 1),), 0.0, -0.1 * i) for i in (1, 3, 5)]  # all trim away
+    others = [Segmentation(((j, j, 1),), 0.0, -1.0 - j) for j in (0, 2, 4, 6)]
+    calls = []
+
+    def fake(model, docs, k, margin):
+        calls.append(k)
+        return [(variants + others)[:k]]
+
+    monkeypatch.setattr(component, "model_nbest", fake)
+    best = ner.nbest(doc, 3)
+    assert [[(s.start, s.end) for s in g] for g in best] == [[], [(0, 1)], [(2, 3)]]
+    assert calls == [3, 6]
+    calls.clear()
+    assert len(ner.nbest(doc, 6)) == 5 and calls == [6, 12]  # 7 segmentations: 5 sets
+    monkeypatch.setattr(component, "MAX_NBEST", 4)
+    calls.clear()
+    assert len(ner.nbest(doc, 3)) == 2 and calls == [3, 4]
+    for bad in (0, 5, True, 2.0):
+        with pytest.raises(ValueError, match="^k must be a positive integer up to 4, got"):
+            ner.nbest(doc, bad)
