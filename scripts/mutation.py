@@ -83,7 +83,8 @@ GROUPS: Dict[str, Group] = {
                   "learns_saves_and_loads", "scores_are_calibrated", "fit_uses_only",
                   "threshold_drops", "settings_round_trip", "pipeline_without_a_map",
                   "training_entities_are_recorded", "map_by_novelty_scores", "callback",
-                  "command_calibrates", "benchmark_measures"],
+                  "command_calibrates", "benchmark_measures", "left_out_of_the_fit",
+                  "saves_nothing"],
         timeout_constant=10.0,  # no pipeline is trained in these tests
     ),
     "component": Group(
