@@ -37,6 +37,7 @@ from .scorer import ner_score
 from .structured.constraints import Constraint, ForceSpan, constraints_to_dicts
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
+from .structured.heads import HEADS
 from .structured.nbest import Segmentation
 from .structured.prediction import DecodeOptions
 
@@ -195,6 +196,12 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         constraints: Optional[List[Dict[str, Any]]] = None,
         scorer: Optional[Callable] = ner_score,
     ) -> None:
+        if model.attrs.get("arch") not in HEADS:  # say, a `ner` model block left in a config
+            raise ValueError(
+                f"[{name}] the model must be built by one of the spacy-fsemicrf architectures "
+                f"({', '.join(f'spacy-fsemicrf.{arch}.v1' for arch in HEADS)}), got the model "
+                f"{model.name!r}; spacy_fsemicrf.DEFAULT_MODELS holds a default block of each"
+            )
         self.vocab = vocab
         self.model = model
         self.name = name
@@ -421,7 +428,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         losses: Optional[Dict[str, float]] = None,
     ) -> Dict[str, float]:
         """Learn from a batch of examples: the loss of the head on the gold entities of
-        ``example.reference.ents``, backpropagated into the tok2vec layer."""
+        ``example.reference.ents``, backpropagated into the tok2vec layer. The calibration map
+        is dropped: it was fitted on the weights this changes (the training callback fits a
+        new one at each save)."""
         if losses is None:
             losses = {}
         losses.setdefault(self.name, 0.0)
@@ -436,6 +445,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         set_dropout_rate(self.model, drop)
         loss, backprop = self.model.begin_update(ModelInput(docs, gold, mask))
         backprop(1.0)
+        # a map of the old weights would misplace every score, and the threshold with them:
+        # in spacy train each evaluation came after an update, with the last save's map
+        self.calibration = None
         if sgd is not None:
             self.finish_update(sgd)
         losses[self.name] += loss

@@ -746,6 +746,12 @@ def test_a_map_by_novelty_scores_seen_and_unseen_entities_apart(small_nlp, tmp_p
 
 
 def test_the_training_callback_fits_on_the_dev_path_only(tmp_path, monkeypatch):
+    """The shipped config's callback fits a map at each save, from the dev file alone; the
+    evaluations during training see no map (each follows an update, which drops the last
+    save's map: with a threshold, a stale map scored the dev set wrongly and stopped training
+    early)."""
+    from spacy_fsemicrf.component import FSemiCRFEntityRecognizer
+
     nlp = spacy.blank("en")
     train_path = write_corpus(tmp_path / "train.spacy", nlp, repeat=2)
     dev_path = write_corpus(tmp_path / "dev.spacy", nlp)
@@ -753,19 +759,45 @@ def test_the_training_callback_fits_on_the_dev_path_only(tmp_path, monkeypatch):
     read = []
     from_disk = DocBin.from_disk
     monkeypatch.setattr(DocBin, "from_disk", lambda self, path: read.append(str(path)) or from_disk(self, path))
+    maps_at_evaluation = []
+    set_annotations = FSemiCRFEntityRecognizer.set_annotations
+    monkeypatch.setattr(FSemiCRFEntityRecognizer, "set_annotations", lambda self, *args: (
+        maps_at_evaluation.append(self.calibration), set_annotations(self, *args))[1])
     overrides = _overrides(train_path, dev_path, **{
         "training.max_steps": 20, "training.eval_frequency": 10,
-        "training.before_to_disk": {"@callbacks": "spacy-fsemicrf.calibrate.v1",
-                                    "dev_path": str(dev_path), "component": "fsemicrf_ner"},
+        "components.fsemicrf_ner.threshold": 0.5,
     })
     train(CONFIGS / "fsemicrf_cnn.cfg", tmp_path / "out", overrides=overrides)
     assert str(tmp_path / "test.spacy") not in read
     assert read.count(str(dev_path)) >= 1
+    assert len(maps_at_evaluation) >= 3 and all(m is None for m in maps_at_evaluation)
     train_texts = {e.text for d in DocBin().from_disk(train_path).get_docs(nlp.vocab) for e in d.ents}
     for name in ("model-last", "model-best"):
         ner = spacy.load(tmp_path / "out" / name).get_pipe("fsemicrf_ner")
         assert ner.calibration is not None and ner.calibration["n_entities"] > 0
         assert ner.seen_entities.tolist() == sorted({entity_key(t) for t in train_texts})
+
+
+def test_an_update_drops_the_map_of_the_old_weights(small_nlp, tmp_path):
+    nlp = _copy(small_nlp, tmp_path)
+    examples = make_examples(nlp)
+    calibrate_component(nlp, "fsemicrf_ner", [eg.reference for eg in examples])
+    assert nlp.get_pipe("fsemicrf_ner").calibration is not None
+    nlp.update(examples[:2])
+    assert nlp.get_pipe("fsemicrf_ner").calibration is None
+
+
+def test_the_callback_finds_the_component_by_its_factory(small_nlp, tmp_path):
+    """Named otherwise (say ``ner``), the component was not found by the shipped config's
+    callback, while the calibrate command found it."""
+    nlp = _copy(small_nlp, tmp_path)
+    nlp.rename_pipe("fsemicrf_ner", "ner")
+    dev = write_corpus(tmp_path / "dev.spacy", nlp)
+    make_calibrate_callback(str(dev))(nlp)
+    assert nlp.get_pipe("ner").calibration["n_entities"] > 0
+    nlp.add_pipe("ner", name="second", source=nlp)
+    with pytest.raises(ValueError, match=r"has 2 fsemicrf_ner components \(\['ner', 'second'\]\)"):
+        make_calibrate_callback(str(dev))(nlp)
 
 
 def test_the_callback_reads_its_file_once(small_nlp, tmp_path, monkeypatch):

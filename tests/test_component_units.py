@@ -443,3 +443,17 @@ def test_nbest_with_a_shared_tok2vec_needs_a_document_the_pipeline_has_run_on():
     with pytest.raises(ValueError, match=re.escape("[fsemicrf_ner] nbest needs a trained "
                                                    "component")):
         fresh.nbest(own.make_doc(text), 2)
+
+
+def test_a_model_of_another_architecture_is_refused_when_the_component_is_made():
+    """A config turned from ``spacy init config -p ner`` keeps the parser's model block: it
+    passed ``spacy debug config`` and failed at initialization with a bare KeyError."""
+    from spacy.pipeline.ner import DEFAULT_NER_MODEL
+
+    nlp = spacy.blank("en")
+    with pytest.raises(ValueError, match=(
+            r"^\[fsemicrf_ner\] the model must be built by one of the spacy-fsemicrf "
+            r"architectures \(spacy-fsemicrf.FilteredSemiCRF.v1, spacy-fsemicrf.SemiCRF.v1, "
+            r"spacy-fsemicrf.LinearCRF.v1\), got the model 'parser_model'")):
+        nlp.add_pipe("fsemicrf_ner", config={"model": DEFAULT_NER_MODEL})
+    assert nlp.pipe_names == []
