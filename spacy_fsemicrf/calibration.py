@@ -340,19 +340,32 @@ def calibrate_component(
     return pipe.calibration
 
 
+def fsemicrf_components(nlp: Language) -> List[str]:
+    """The names of ``nlp``'s components made by the ``fsemicrf_ner`` factory."""
+    return [name for name in nlp.pipe_names if nlp.get_pipe_meta(name).factory == "fsemicrf_ner"]
+
+
 @registry.callbacks("spacy-fsemicrf.calibrate.v1")
 def make_calibrate_callback(
-    dev_path: Union[str, Path], component: str = "fsemicrf_ner"
+    dev_path: Union[str, Path], component: Optional[str] = None
 ) -> Callable[[Language], Language]:
     """A ``[training.before_to_disk]`` callback: before each save, fit ``component``'s
     calibration map on the documents of ``dev_path`` (give it ``${paths.dev}``; it reads only
-    that file, once)."""
+    that file, once). Without ``component``, the pipeline's one ``fsemicrf_ner`` component,
+    whatever its name."""
     docbin: List[DocBin] = []
 
     def calibrate_before_to_disk(nlp: Language) -> Language:
+        name = component
+        if name is None:
+            found = fsemicrf_components(nlp)
+            if len(found) != 1:
+                raise ValueError(f"spacy-fsemicrf.calibrate.v1: the pipeline has {len(found)} "
+                                 f"fsemicrf_ner components ({found}); name one with component")
+            name = found[0]
         if not docbin:
             docbin.append(DocBin().from_disk(dev_path))
-        calibrate_component(nlp, component, docbin[0].get_docs(nlp.vocab))
+        calibrate_component(nlp, name, docbin[0].get_docs(nlp.vocab))
         return nlp
 
     return calibrate_before_to_disk
@@ -383,7 +396,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.output is None and not output.is_dir():
         parser.error(f"{args.model} is not a directory: give --output")
     nlp = spacy.load(args.model)
-    names = [n for n in nlp.pipe_names if nlp.get_pipe_meta(n).factory == "fsemicrf_ner"]
+    names = fsemicrf_components(nlp)
     if args.component is not None:
         names = [args.component]
     if len(names) != 1:
