@@ -420,6 +420,32 @@ def test_filtered_forbids_each_remove_their_nodes_and_an_open_end_reaches_the_la
     assert len(out.spans) == 3
 
 
+def test_filtered_nodes_removed_by_one_constraint_stay_removed_by_the_next():
+    """Each forbidden range and each forced span removes nodes from what the others left: a
+    forced span does not bring back a node that a forbid or an earlier forced span removed."""
+    # grid [1, 6, 2]: A [0,0] 9, A [1,1] 9, B [2,3] 1, A [5,5] 1; every node on the best path
+    index = torch.tensor([0 * 2, 1 * 2, 2 * 2 + 1, 5 * 2])
+    nodes = filtered.NodeSet(index, torch.tensor([1, 1, 2, 1]),
+                             torch.tensor([9.0, 9.0, 1.0, 1.0]), (1, 6, 2))
+    glob = torch.zeros((1, 6, 2, 3))
+    program = compile_constraints(
+        [ForbidLabels(("A",), 0, 1), ForceSpan(1, 2, "B"), ForceSpan(4, 5, "B")], ["A", "B"])
+    out = filtered_constrained(nodes, torch.tensor([6]), None, [DocConstraints(program)],
+                               global_scores=glob)
+    # A [0,0] forbidden, A [1,1] under the first forced span: neither comes back with the second
+    assert out.spans[:, 1:].tolist() == [[1, 1, 2], [2, 3, 2], [4, 4, 2], [5, 5, 1]]
+    assert out.reports[0].status == "optimal"
+
+
+@pytest.mark.parametrize("head, max_width", [("filtered", 2), ("semicrf", 2)])
+def test_a_forced_span_wider_than_the_span_heads_allow_says_their_width(head, max_width):
+    report = _constrained_on_four_tokens(head, [ForceSpan(0, 3, "A")]).reports[0]
+    assert (report.status, report.searched, report.reason) == (
+        "infeasible", False, f"force_span 0..3 is wider than the head's max_width={max_width}")
+    crf = _constrained_on_four_tokens("crf", [ForceSpan(0, 3, "A")]).reports[0]
+    assert crf.status == "optimal"  # the linear CRF has no width limit
+
+
 def test_filtered_forced_nodes_are_never_dropped():
     """Two forced spans that are nodes, and at most one A: no path has both, and dropping
     either would break its force, so the document is infeasible and keeps its prediction."""

@@ -9,6 +9,7 @@ from spacy_fsemicrf.structured.semiring import NEG, logsumexp
 from spacy_fsemicrf.structured.spans import (
     SPAN_REPRS,
     SpanFeaturizer,
+    check_span_rows,
     document_mean,
     gold_label_grid,
     grid_chunks,
@@ -47,6 +48,22 @@ def test_gold_label_grid_places_labels_and_rejects_bad_spans():
         gold_label_grid(torch.tensor([[0, 2, 3, 0]]), lengths, 5, 3)
     empty = gold_label_grid(torch.zeros((0, 4), dtype=torch.long), lengths, 5, 3)
     assert empty.count_nonzero() == 0
+
+
+@pytest.mark.parametrize("rows, lengths, message", [
+    ([[0, 3, 2, 1]], [5], "^span outside its document \\(or end < start\\)$"),  # end < start
+    # lengths past the grid (a plain function's caller may pass them): the grid ends first
+    ([[0, 4, 5, 1]], [7], "^span outside its document"),
+])
+def test_span_rows_that_do_not_fit_are_refused(rows, lengths, message):
+    with pytest.raises(ValueError, match=message):
+        check_span_rows(torch.tensor(rows), torch.tensor(lengths), 5, what="span")
+
+
+def test_no_span_rows_in_any_empty_shape_are_no_rows():
+    for empty in (torch.zeros((0,), dtype=torch.long), torch.zeros((0, 4), dtype=torch.long)):
+        columns = check_span_rows(empty, torch.tensor([3]), 3)
+        assert [tuple(c.shape) for c in columns] == [(0,)] * 4
 
 
 @settings(max_examples=50, deadline=None)
