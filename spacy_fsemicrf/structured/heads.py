@@ -20,6 +20,7 @@ the token vectors (:class:`~.context.TokenContext`), as the paper's released cod
 tokens in the document (:class:`~.context.WordPool`); it takes the word ids as
 ``forward(..., words=LongTensor[B, L])``.
 """
+import math
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -86,7 +87,8 @@ def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
             f"{tuple(X.shape)} and {tuple(lengths.shape)}"
         )
     if lengths.shape[0]:
-        low, high = (int(v) for v in lengths.aminmax())
+        values = lengths.tolist()  # a microsecond for one document, where aminmax takes four
+        low, high = min(values), max(values)
         if low < 0 or high > X.shape[1]:
             raise ValueError(
                 f"lengths must lie between 0 and the {X.shape[1]} token rows of X, got "
@@ -94,11 +96,13 @@ def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
             )
 
 
-def check_scores(*scores: torch.Tensor) -> None:
+def check_scores(scores: torch.Tensor) -> None:
     """A ``ValueError`` if a score is NaN: decoding would quietly find no entities (NaN loses
     every comparison), where the cause is a model whose weights or input vectors are not
     finite."""
-    if any(bool(torch.isnan(s).any()) for s in scores):
+    # the maximum propagates NaN: one reduction, where isnan().any() over the heads'
+    # label-major scores costs ten times as much
+    if scores.numel() and math.isnan(float(scores.detach().amax())):
         raise ValueError(
             "the head's scores are NaN: the model's weights or the token vectors it was given "
             "are not finite (did its training diverge?)"
@@ -318,13 +322,18 @@ class FilteredSemiCRFHead(nn.Module):
         return self._encode(X, lengths, words)[1:]
 
     def _encode(
-        self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None
+        self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None,
+        predicting: bool = False,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(tokens [B, L, D'], local, global)``: the token vectors the span scorer reads
-        (which the mean-field layers read too) and the span scores."""
+        (which the mean-field layers read too) and the span scores, checked for NaN when
+        ``predicting`` (in training, mixed precision may overflow a step: the scaler skips it)."""
         check_batch(X, lengths)
         tokens = self.word_pool(self.context(X, lengths), lengths, words)
-        local, glob = self.scorer(tokens, lengths).chunk(2, dim=-1)
+        scores = self.scorer(tokens, lengths)
+        if predicting:
+            check_scores(scores)  # both halves at once
+        local, glob = scores.chunk(2, dim=-1)
         return tokens, local, glob
 
     def refine(
@@ -361,7 +370,7 @@ class FilteredSemiCRFHead(nn.Module):
         probabilities, candidates, constrained decoding). ``X [B, L, D]`` are the token vectors
         of documents of ``lengths``; ``words`` their word ids (with ``word_pool``);
         ``filter_margin`` as in the class docstring."""
-        tokens, local, glob = self._encode(X, lengths, words)
+        tokens, local, glob = self._encode(X, lengths, words, predicting=gold is None)
         if gold is not None:
             return self.loss(local, glob, lengths, gold, tokens)
         if torch.is_grad_enabled():  # predictions carry no graph, as the other heads'
@@ -472,7 +481,6 @@ class FilteredSemiCRFHead(nn.Module):
     ) -> Prediction:
         """The best path of the filtered graph of ``filter_margin`` and what ``options`` asks
         for besides, from the local and global span scores ``[B, L, K, C]``."""
-        check_scores(local, glob)
         nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         T = self._transitions()
         if self.null_tokens:
@@ -544,8 +552,7 @@ class FilteredSemiCRFHead(nn.Module):
         if self.null_tokens:
             raise ValueError("n-best decoding is not available for a filtered head with "
                              "null_tokens = true")
-        tokens, local, glob = self._encode(X, lengths, words)
-        check_scores(local, glob)
+        tokens, local, glob = self._encode(X, lengths, words, predicting=True)
         nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         return filtered_nbest(nodes, lengths, self._transitions(), k)
 
