@@ -602,9 +602,16 @@ def test_nbest_searches_on_for_k_distinct_entity_sets_up_to_its_limit(trained_nl
     assert calls == [3, 6]
     calls.clear()
     assert len(ner.nbest(doc, 6)) == 5 and calls == [6, 12]  # 7 segmentations: 5 sets
+    monkeypatch.setattr(component, "model_nbest", lambda model, docs, k, margin: (
+        calls.append(k), [others[:k]])[1])
+    calls.clear()
+    assert len(ner.nbest(doc, 2)) == 2 and calls == [2]  # k distinct at once: no more search
+    monkeypatch.setattr(component, "model_nbest", fake)
     monkeypatch.setattr(component, "MAX_NBEST", 4)
     calls.clear()
     assert len(ner.nbest(doc, 3)) == 2 and calls == [3, 4]
+    calls.clear()
+    assert len(ner.nbest(doc, 4)) == 2 and calls == [4]  # k may be MAX_NBEST itself
     for bad in (0, 5, True, 2.0):
         with pytest.raises(ValueError, match="^k must be a positive integer up to 4, got"):
             ner.nbest(doc, bad)

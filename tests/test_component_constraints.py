@@ -125,6 +125,13 @@ def test_an_infeasible_document_keeps_its_prediction_with_a_warning(trained, cap
         f"fsemicrf_ner: the constraints cannot all hold on the document {TWO_ORGS!r}: "
         "force_span 0..2 has a label that forbid_labels forbids there; it keeps the "
         "unconstrained prediction"]
+    for size, quoted in ((60, None), (61, 57)):  # a text of 60 characters is quoted whole
+        text = (TWO_ORGS + " x" * 40)[:size - 2] + " ."
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+            trained.get_pipe("fsemicrf_ner")(trained.make_doc(text), constraints=force)
+        shown = text if quoted is None else text[:quoted] + "..."
+        assert any(f"on the document {shown!r}: " in r.getMessage() for r in caplog.records)
     caplog.clear()
     long_text = " ".join([TWO_ORGS] * 2)  # quoted up to 57 characters and "..."
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):

@@ -57,6 +57,18 @@ def test_wide_entities_are_reported_at_each_new_power_of_ten(caplog):
     assert ner.n_wide_dropped == 100 and ner.widest_dropped == 20
 
 
+def test_misaligned_entities_are_reported_at_each_new_power_of_ten(caplog):
+    ner = spacy.blank("en").add_pipe("fsemicrf_ner")
+    warned = []
+    for n in (2, 3, 5, 80, 10):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+            ner._report_misaligned(n)
+        warned.append([r.getMessage().split(" gold entities")[0] for r in caplog.records])
+    assert warned == [["fsemicrf_ner: 2"], [], ["fsemicrf_ner: 10"], [], ["fsemicrf_ner: 100"]]
+    assert ner.n_misaligned_dropped == 100
+
+
 @pytest.fixture(scope="module")
 def initialized():
     """An initialized (untrained) filtered-head pipeline (:func:`_initialized`)."""
