@@ -622,8 +622,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
     def _forced_spans(self, doc: Doc) -> Set[Tuple[int, int]]:
         """The spans ``(start, end inclusive)`` that a ``force_span`` constraint of the
         component, the call or ``doc`` makes an entity as they are."""
+        # no warning about the document's invalid constraints: predict has given it
         found = self._constraints + self._call_constraints + doc_own_constraints(
-            doc, self.labels, self.name)
+            doc, self.labels, self.name, warn=False)
         return {(c.start, c.end - 1) for c in found if isinstance(c, ForceSpan)}
 
     def _seen(self, docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:

@@ -56,10 +56,11 @@ def constraints_of_docs(
 
 
 def doc_own_constraints(
-    doc: Doc, labels: Tuple[str, ...], component: str
+    doc: Doc, labels: Tuple[str, ...], component: str, warn: bool = True
 ) -> Tuple[Constraint, ...]:
-    """The constraints in ``doc.user_data``, left out with a warning when they are not valid
-    for the component's ``labels``."""
+    """The constraints in ``doc.user_data``, left out when they are not valid for the
+    component's ``labels`` (with a warning, unless ``warn`` is False: a second reading of the
+    same document)."""
     items: Any = doc.user_data.get(USER_DATA_KEY)
     if not items:
         return ()
@@ -67,8 +68,9 @@ def doc_own_constraints(
         own = parse_constraints(items)
         compile_constraints(own, labels)  # names only known labels
     except (TypeError, ValueError) as err:
-        logger.warning("%s: the constraints in doc.user_data[%r] are left out: %s",
-                       component, USER_DATA_KEY, err)
+        if warn:
+            logger.warning("%s: the constraints in doc.user_data[%r] are left out: %s",
+                           component, USER_DATA_KEY, err)
         return ()
     return own
 

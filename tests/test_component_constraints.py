@@ -180,3 +180,17 @@ def test_nbest_is_ranked_with_probabilities_and_starts_with_the_prediction(train
                 (s.start, s.end, s.label_) for s in best[0]]
         finally:
             ner.filter_margin = margin
+
+
+def test_invalid_document_constraints_are_warned_about_once(trained, caplog):
+    """Trimming reads a document's forced spans again; its invalid constraints were then
+    reported a second time."""
+    ner = trained.get_pipe("fsemicrf_ner")
+    doc = trained.make_doc(TWO_ORGS)
+    doc.user_data[USER_DATA_KEY] = [{"kind": "at_most", "label": "DRUG", "n": 1}]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        assert ner._forced_spans(doc) == set()
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        ner(doc)
+    assert len([r for r in caplog.records if "left out" in r.getMessage()]) == 1
