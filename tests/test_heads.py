@@ -810,3 +810,25 @@ def test_nan_scores_are_an_error_not_an_empty_prediction(name, where, call):
             next(p for p in reversed(list(head.parameters())) if p.dim() == 2)[0, 0] = float("nan")
     with pytest.raises(ValueError, match="^the head's scores are NaN"):
         run()
+
+
+def test_unchecked_rows_give_the_checked_values():
+    """The heads skip the row checks for their own decoded rows: the values are the same."""
+    torch.manual_seed(0)
+    X, lengths = torch.randn(2, 6, D), torch.tensor([6, 4])
+    rows = torch.tensor([[0, 0, 1, 1], [0, 3, 3, 2], [1, 2, 3, 1]])
+    crf = LinearCRFHead(D, M, max_width=K).eval()
+    semi = SemiCRFHead(D, M, max_width=K, transitions=True).eval()
+    with torch.no_grad():
+        em = crf.emissions(X, lengths)
+        scores = semi.span_scores(X, lengths)
+        for check in (True, False):
+            crf_conf = crf_span_marginals(em, crf.transitions, lengths, rows, crf.scheme,
+                                          crf.allowed, check_rows=check)
+            gold = semicrf_gold_score(scores, lengths, rows, semi.transitions, check_rows=check)
+            if check:
+                want = crf_conf, gold
+            else:
+                assert torch.equal(crf_conf, want[0]) and torch.equal(gold, want[1])
+    with pytest.raises(ValueError):
+        semicrf_gold_score(scores, lengths, torch.tensor([[0, 0, 1, 0]]), semi.transitions)

@@ -104,7 +104,8 @@ def crf_candidates(
     spans, conf = decoded
     key = lambda r: ((r[:, 0] * L + r[:, 1]) * L + r[:, 2]) * (M + 1) + r[:, 3]  # noqa: E731
     rows = rows[~torch.isin(key(rows), key(spans))]
-    marginals = crf_span_marginals(emissions, transitions, lengths, rows, scheme, allowed)
+    marginals = crf_span_marginals(emissions, transitions, lengths, rows, scheme, allowed,
+                                   check_rows=False)
     above = marginals > CANDIDATE_FLOOR
     rows = torch.cat([spans.view(-1, 4), rows[above]])
     values = torch.cat([conf.reshape(-1), marginals[above].to(conf.dtype)])

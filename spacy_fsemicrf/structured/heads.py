@@ -656,8 +656,8 @@ class SemiCRFHead(nn.Module):
         conf = marginals[doc, start, end - start, label].clamp(0.0, 1.0)
         path = None
         if options.path:  # the returned path's score, summed in float64 too
-            path = path_probability(semicrf_gold_score(scores64, lengths, spans, T64), log_z,
-                                    reports)
+            score = semicrf_gold_score(scores64, lengths, spans, T64, check_rows=False)
+            path = path_probability(score, log_z, reports)
         candidates = span_candidates(marginals, spans) if options.candidates else None
         return Prediction(spans, conf, path, candidates, reports)
 
@@ -751,7 +751,8 @@ class LinearCRFHead(nn.Module):
             spans = tags_to_spans(tags, lengths, self.scheme)
         if spans.shape[0] == 0 and not (options.path or options.candidates):
             return Prediction(*_empty_decoded(emissions.device), reports=reports)
-        conf = crf_span_marginals(emissions, T, lengths, spans, self.scheme, allowed).clamp(0, 1)
+        conf = crf_span_marginals(emissions, T, lengths, spans, self.scheme, allowed,
+                                  check_rows=False).clamp(0, 1)
         path = None
         if options.path:  # in float64, as the span marginals: see SemiCRFHead.decode
             em64, T64 = emissions.double(), T.double()

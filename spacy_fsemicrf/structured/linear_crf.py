@@ -318,6 +318,7 @@ def crf_span_marginals(
     spans: torch.Tensor,
     scheme: TagScheme,
     allowed: Optional[torch.Tensor] = None,
+    check_rows: bool = True,
 ) -> torch.Tensor:
     """Exact probability that each labelled span ``(doc, start, end, label)`` is an entity of
     the tag sequence, ``Tensor[N]``.
@@ -326,12 +327,16 @@ def crf_span_marginals(
     last token). BILUO: ``U-l`` for one token, else ``B-l, I-l, ..., I-l, L-l``.
     ``alpha[start] + (the span's own tags) + beta[end]``, with the run of ``I-l`` tags read
     from a prefix sum, so the cost is ``O(N * n_tags)`` after one forward-backward pass.
-    A ``ValueError`` for a span outside its document or a label outside ``1..M``.
+    A ``ValueError`` for a span outside its document or a label outside ``1..M``, unless
+    ``check_rows`` is False: the heads' own decoded rows need no check (about 50 us a call).
     """
     device = emissions.device
     B, L, n = emissions.shape
     lengths = lengths.to(device).long()
-    doc, s, e, lab = check_span_rows(spans, lengths, L, None, scheme.n_labels, "span")
+    if check_rows:
+        doc, s, e, lab = check_span_rows(spans, lengths, L, None, scheme.n_labels, "span")
+    else:
+        doc, s, e, lab = spans.to(device).long().view(-1, 4).unbind(1)
     if doc.shape[0] == 0:
         return emissions.new_zeros(0)
     with torch.no_grad():

@@ -137,19 +137,24 @@ def semicrf_gold_score(
     lengths: torch.Tensor,
     gold: torch.Tensor,
     transitions: Optional[torch.Tensor] = None,
+    check_rows: bool = True,
 ) -> torch.Tensor:
     """Score of the gold segmentation per document, ``Tensor[B]``.
 
     ``gold`` rows are ``(doc, start, end_inclusive, label 1..M)``, non-overlapping within a doc;
     the segmentation is these entities plus a width-1 null segment on every other token.
     Raises ``ValueError`` for gold spans that are not such a segmentation, or wider than ``K``
-    (they have no score).
+    (they have no score), unless ``check_rows`` is False: a path the head decoded needs no
+    check.
     """
     B, L, K, C = scores.shape
     device = scores.device
     lengths = lengths.to(device).long()
     S = _masked_scores(scores, lengths)
-    doc, start, end, label = check_gold_spans(gold, lengths, L, K, C - 1)
+    if check_rows:
+        doc, start, end, label = check_gold_spans(gold, lengths, L, K, C - 1)
+    else:
+        doc, start, end, label = gold.to(device).long().view(-1, 4).unbind(1)
     width = end - start
     if L == 0:
         return _zeros_connected(scores, transitions)
