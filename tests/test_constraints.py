@@ -446,6 +446,25 @@ def test_a_forced_span_wider_than_the_span_heads_allow_says_their_width(head, ma
     assert crf.status == "optimal"  # the linear CRF has no width limit
 
 
+def test_filtered_head_forces_a_span_where_the_filter_keeps_no_node():
+    """A batch whose filter keeps no node at all still gets its forced span, scored 0 (no
+    probability under the model), and the other documents nothing."""
+    from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    head = FilteredSemiCRFHead(4, 2, max_width=2)
+    local = torch.zeros((2, 4, 2, 3))
+    local[..., 0] = 5.0  # null wins everywhere: no node
+    glob = torch.randn((2, 4, 2, 3), generator=torch.Generator().manual_seed(0))
+    program = compile_constraints([ForceSpan(1, 3, "B")], ["A", "B"])
+    with torch.no_grad():
+        out = head.decode(local, glob, torch.tensor([4, 4]), options=DecodeOptions(
+            path=True, constraints=[DocConstraints(program), None]))
+    assert out.spans.tolist() == [[0, 1, 2, 2]] and out.scores.tolist() == [0.0]
+    assert out.reports[0].status == "optimal" and out.reports[1] is None
+    assert out.path.tolist() == [0.0, 1.0]
+
+
 def test_filtered_forced_nodes_are_never_dropped():
     """Two forced spans that are nodes, and at most one A: no path has both, and dropping
     either would break its force, so the document is infeasible and keeps its prediction."""

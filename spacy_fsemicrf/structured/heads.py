@@ -496,8 +496,9 @@ class FilteredSemiCRFHead(nn.Module):
                 nodes, lengths, T, options.constraints, best=best, global_scores=glob.detach()
             )
             spans, reports, node = found.spans, found.reports, found.node
-            # a forced span that was no node has no probability under the model
-            scores = torch.where(node >= 0, conf[node.clamp_min(0)], conf.new_zeros(()))
+            # a forced span that was no node has no probability under the model (index 0 of
+            # the padded list; the filter may have kept no node at all)
+            scores = torch.cat([conf.new_zeros((1,)), conf])[node + 1]
             # a path that leaves a node out (dropped for a count, or forbidden), or adds one,
             # is not a path of the filtered graph
             outside = filtered.off_graph(nodes, spans, node)
