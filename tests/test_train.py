@@ -178,6 +178,10 @@ def test_transformer_config_loads_and_trains_a_step(name, tmp_path):
     assert losses["fsemicrf_ner"] > 0
     docs = list(nlp.pipe(["", "Mary flew to Berlin .", "Paris"]))
     assert [len(d) for d in docs] == [0, 5, 1]
+    # n-best reads the transformer's output the pipeline left on the doc
+    assert 1 <= len(ner.nbest(docs[1], 2)) <= 2
+    with pytest.raises(ValueError, match="nbest needs a document the pipeline has run on"):
+        ner.nbest(nlp.make_doc("Mary flew to Berlin ."), 2)
     nlp.to_disk(tmp_path / "trf")
     nlp2 = spacy.load(tmp_path / "trf")
     doc = nlp2("Mary flew to Berlin .")
