@@ -51,7 +51,13 @@ def constraints_of_docs(
                            "component's and the call's: %s", component, USER_DATA_KEY, err)
             found = shared
             program = compile_constraints(found, labels) if found else None
-        out.append(DocConstraints(program, sentence_starts(doc)) if found else None)
+        if not found:
+            out.append(None)
+            continue
+        # entities are trimmed of whitespace after decoding: none may start on it, so that
+        # the constraints count the entities written
+        spaces = tuple(token.i for token in doc if token.is_space)
+        out.append(DocConstraints(program, sentence_starts(doc), spaces))
     return out if any(c is not None for c in out) else None
 
 

@@ -52,9 +52,15 @@ def plain_ok(
     spans: Sequence[Span],
     length: int,
     sentence_starts: Sequence[int] = (),
+    closed_starts: Sequence[int] = (),
 ) -> bool:
-    """Whether ``spans`` obey every constraint, by direct counting."""
+    """Whether ``spans`` obey every constraint, by direct counting, and none but a forced span
+    starts on a token of ``closed_starts``."""
     name = {i + 1: n for i, n in enumerate(labels)}
+    forced = {(c.start, c.end - 1, labels.index(c.label) + 1)
+              for c in constraints if isinstance(c, ForceSpan)}
+    if any(s in closed_starts and (s, e, lab) not in forced for s, e, lab in spans):
+        return False
     for c in constraints:
         if isinstance(c, ForbidLabels):
             lo = c.start or 0
@@ -124,12 +130,22 @@ def random_sentence_starts(rng: random.Random, length: int) -> Tuple[int, ...]:
     return tuple(sorted(rng.sample(range(1, length), rng.randint(0, length - 1))))
 
 
-def random_doc_constraints(rng: random.Random, labels: Sequence[str], length: int):
+def random_doc_constraints(
+    rng: random.Random, labels: Sequence[str], length: int, closed: bool = False
+):
     """``(constraints, sentence starts, DocConstraints or None)`` for one document: up to 3
-    count constraints, token-level ones half of the time."""
+    count constraints, token-level ones half of the time; with ``closed``, tokens where no
+    entity may start half of the time (``doc.closed_starts``)."""
     constraints = random_constraints(rng, labels, length, rng.randint(0, 3), rng.random() < 0.5)
     starts = random_sentence_starts(rng, length)
-    doc = DocConstraints(compile_constraints(constraints, labels), starts) if constraints else None
+    if not constraints:
+        return constraints, starts, None
+    shut: Tuple[int, ...] = ()
+    if closed:  # a generator of its own: the draws of rng stay those of the pinned examples
+        own = random.Random(str(rng.getstate()))
+        if own.random() < 0.5:
+            shut = tuple(sorted(own.sample(range(length), own.randint(0, length))))
+    doc = DocConstraints(compile_constraints(constraints, labels), starts, shut)
     return constraints, starts, doc
 
 
@@ -162,20 +178,23 @@ def filtered_reference(
     labels: Sequence[str],
     sentence_starts: Sequence[int],
     force_score,
+    closed_starts: Sequence[int] = (),
 ) -> Optional[Tuple[int, float, List[Span]]]:
     """The filtered head's constrained optimum ``(drops, score, spans)``, None if infeasible.
 
-    Nodes ``(start, end, label, score)``; forbidden nodes are removed, a forced span removes
+    Nodes ``(start, end, label, score)``; forbidden nodes, and those starting on a token of
+    ``closed_starts`` that are no forced span, are removed; a forced span removes
     the nodes overlapping it and is a node (scored ``force_score(start, end, label)`` unless it
     already was one). Paths: non-overlapping node sets that leave no non-droppable node in a
     gap; drops: droppable nodes in the gaps. Best: fewest drops, then highest score."""
     ids = {n: i + 1 for i, n in enumerate(labels)}
     forbids = [c for c in constraints if isinstance(c, ForbidLabels)]
-    V = [v for v in nodes if plain_ok(forbids, labels, [v[:3]], length)]
     forced = set()
     forces = sorted(
         {(c.start, c.end - 1, ids[c.label]) for c in constraints if isinstance(c, ForceSpan)}
     )
+    V = [v for v in nodes if plain_ok(forbids, labels, [v[:3]], length)
+         and (v[0] not in closed_starts or v[:3] in forces)]
     for i, f in enumerate(forces):
         if f[1] >= length or f[1] - f[0] >= max_width or (i and overlap(forces[i - 1], f)):
             return None
@@ -197,7 +216,7 @@ def filtered_reference(
         if any(not droppable[i] for i in outside):
             continue
         spans = [v[:3] for v in path]
-        if not plain_ok(constraints, labels, spans, length, sentence_starts):
+        if not plain_ok(constraints, labels, spans, length, sentence_starts, closed_starts):
             continue
         score = sum(v[3] for v in path)
         if transitions is not None and path:
@@ -210,25 +229,29 @@ def filtered_reference(
     return None if best is None else (-best[0][0], best[0][1], best[1])
 
 
-def semicrf_reference(scores, transitions, length, constraints, labels, sentence_starts, k=None):
-    """Every segmentation obeying the constraints, as ``(score, entity spans)``, best first."""
+def semicrf_reference(
+    scores, transitions, length, constraints, labels, sentence_starts, k=None, closed_starts=()
+):
+    """Every segmentation obeying the constraints (no entity but a forced one starting on a
+    token of ``closed_starts``), as ``(score, entity spans)``, best first."""
     L, K, C = len(scores), len(scores[0]), len(scores[0][0])
     out = []
     for segs in segmentations(length, K, C):
         spans = [s for s in segs if s[2] > 0]
-        if plain_ok(constraints, labels, spans, length, sentence_starts):
+        if plain_ok(constraints, labels, spans, length, sentence_starts, closed_starts):
             out.append((segmentation_score(scores, segs, transitions), spans))
     return sorted(out, key=lambda x: -x[0])
 
 
 def crf_reference(
-    emissions, transitions, allowed, scheme, length, constraints, labels, sentence_starts
+    emissions, transitions, allowed, scheme, length, constraints, labels, sentence_starts,
+    closed_starts=(),
 ):
-    """Every valid tag sequence obeying the constraints, as ``(score, entity spans, tags)``,
-    best first."""
+    """Every valid tag sequence obeying the constraints (no entity but a forced one starting
+    on a token of ``closed_starts``), as ``(score, entity spans, tags)``, best first."""
     out = []
     for tags in tag_sequences(length, scheme.n_tags, allowed):
         spans = entities_by_definition(tags, scheme.names, scheme.scheme)
-        if plain_ok(constraints, labels, spans, length, sentence_starts):
+        if plain_ok(constraints, labels, spans, length, sentence_starts, closed_starts):
             out.append((tag_sequence_score(emissions, transitions, tags), spans, tags))
     return sorted(out, key=lambda x: -x[0])

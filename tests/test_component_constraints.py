@@ -194,3 +194,17 @@ def test_invalid_document_constraints_are_warned_about_once(trained, caplog):
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         ner(doc)
     assert len([r for r in caplog.records if "left out" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("kind", ["at_least", "exactly"])
+def test_the_written_entities_obey_the_constraints_on_text_with_whitespace_tokens(trained, kind):
+    """Entities are trimmed of whitespace after decoding (one of whitespace only is left out),
+    so the decoders may not start one on a whitespace token: the entities written obey the
+    constraints whenever the report says they do."""
+    text = "John  \n  Smith  \n  works for Google ."
+    constraints = [{"kind": kind, "label": "PER", "n": 3, "scope": "doc"}]
+    doc = trained(text, component_cfg={"fsemicrf_ner": {"constraints": constraints}})
+    report = doc.spans["fsemicrf"].attrs["constraints"]
+    assert not any(token.is_space for ent in doc.ents for token in (ent[0], ent[-1]))
+    if report["status"] != "infeasible":
+        assert len(labels_of(doc, "PER")) == 3

@@ -297,12 +297,13 @@ def test_filtered_matches_enumeration(seed):
     docs, refs = [], []
     for b in range(B):
         length = int(lengths[b])
-        constraints, starts, doc = random_doc_constraints(rng, labels, length)
+        constraints, starts, doc = random_doc_constraints(rng, labels, length, closed=True)
         docs.append(doc)
         force = lambda s, e, c, b=b: float(glob[b, s, e - s, c])  # noqa: E731
         T_list = None if T is None else T.tolist()
+        closed = doc.closed_starts if doc else ()
         ref = filtered_reference(
-            _doc_nodes(nodes, b), T_list, length, K, constraints, labels, starts, force
+            _doc_nodes(nodes, b), T_list, length, K, constraints, labels, starts, force, closed
         )
         refs.append((constraints, starts, ref))
     out = filtered_constrained(nodes, lengths, T, docs, global_scores=glob)
@@ -322,7 +323,7 @@ def test_filtered_matches_enumeration(seed):
             continue
         drops, ref_score, _ = ref
         assert report.status in ("satisfied", "optimal")
-        assert plain_ok(constraints, labels, mine, int(lengths[b]), starts)
+        assert plain_ok(constraints, labels, mine, int(lengths[b]), starts, docs[b].closed_starts)
         assert report.dropped == drops
         assert math.isclose(report.score, ref_score, abs_tol=TOL)
         if report.status == "satisfied":
@@ -500,10 +501,11 @@ def test_semicrf_matches_enumeration(seed):
     docs, refs = [], []
     for b in range(B):
         length = int(lengths[b])
-        constraints, starts, doc = random_doc_constraints(rng, labels, length)
+        constraints, starts, doc = random_doc_constraints(rng, labels, length, closed=True)
         docs.append(doc)
         T_list = None if T is None else T.tolist()
-        ref = semicrf_reference(scores[b].tolist(), T_list, length, constraints, labels, starts)
+        ref = semicrf_reference(scores[b].tolist(), T_list, length, constraints, labels, starts,
+                                closed_starts=doc.closed_starts if doc else ())
         refs.append((constraints, starts, ref))
     out = semicrf_constrained(scores, lengths, T, docs)
     plain_spans, plain_best = semicrf_viterbi(scores, lengths, T)
@@ -519,7 +521,8 @@ def test_semicrf_matches_enumeration(seed):
             assert report.status in ("satisfied", "optimal")
             assert math.isclose(report.score, ref[0][0], abs_tol=TOL)
             assert math.isclose(report.unconstrained, float(plain_best[b]), abs_tol=1e-6)
-            assert plain_ok(constraints, labels, mine, int(lengths[b]), starts)
+            assert plain_ok(constraints, labels, mine, int(lengths[b]), starts,
+                            docs[b].closed_starts)
             # the returned entities are those of a best constrained segmentation
             assert any(math.isclose(s, ref[0][0], abs_tol=TOL) and sp == mine for s, sp in ref)
 
@@ -569,10 +572,10 @@ def test_crf_matches_enumeration(seed, scheme_name):
     docs, refs = [], []
     for b in range(B):
         length = int(lengths[b])
-        constraints, starts, doc = random_doc_constraints(rng, labels, length)
+        constraints, starts, doc = random_doc_constraints(rng, labels, length, closed=True)
         docs.append(doc)
         ref = crf_reference(emissions[b].tolist(), T.tolist(), scheme.allowed.tolist(), scheme,
-                            length, constraints, labels, starts)
+                            length, constraints, labels, starts, doc.closed_starts if doc else ())
         refs.append((constraints, starts, ref))
     out = crf_constrained(emissions, T, lengths, scheme, docs, scheme.allowed)
     _, plain_best = crf_viterbi(emissions, T, lengths, scheme.allowed)
@@ -588,7 +591,8 @@ def test_crf_matches_enumeration(seed, scheme_name):
             assert report.status in ("satisfied", "optimal")
             assert math.isclose(report.score, ref[0][0], abs_tol=TOL)
             assert math.isclose(report.unconstrained, float(plain_best[b]), abs_tol=1e-6)
-            assert plain_ok(constraints, labels, mine, int(lengths[b]), starts)
+            assert plain_ok(constraints, labels, mine, int(lengths[b]), starts,
+                            docs[b].closed_starts)
             best = [list(sp) for s, sp, _ in ref if math.isclose(s, ref[0][0], abs_tol=TOL)]
             assert mine in best
 

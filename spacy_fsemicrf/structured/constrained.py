@@ -128,12 +128,13 @@ def filtered_constrained(
         viterbi = [tuple(r) for r in rows[lo:hi][on_path, 1:].tolist()]
         viterbi_score = _chain_score(scores[lo:hi][on_path], [r[2] for r in viterbi], T)
         items = None
-        if program.forbids or program.forces:  # they may change the node set
+        if program.forbids or program.forces or doc.closed_starts:  # may change the node set
             force_score = None
             if global_scores is not None:
                 force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa
             items = itemgraphs.filtered_items(
-                rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score
+                rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score,
+                doc.closed_starts,
             )
         if (items is None or not items.changed) and satisfies(
             program, viterbi, length, doc.sentence_starts
@@ -218,7 +219,7 @@ def _lattice_constrained(
 ) -> Tuple[List[List[Span]], List[Optional[ConstraintReport]]]:
     """The semi-CRF / CRF recipe: the documents whose unconstrained best path breaks a
     constraint are searched in batches that share a program. ``scores [B, L, W, C]``;
-    ``valid(b, program)`` gives ``(mask [L, W, C], conflict)``; ``to_spans(items)`` the
+    ``valid(b, doc)`` gives ``(mask [L, W, C], conflict)``; ``to_spans(items)`` the
     entities of a lattice path."""
     B, L = scores.shape[:2]
     out = list(viterbi)
@@ -229,10 +230,10 @@ def _lattice_constrained(
             continue
         length, unconstrained = int(lengths[b]), float(viterbi_scores[b])
         states = doc.program.automaton.n_states
-        if satisfies(doc.program, viterbi[b], length, doc.sentence_starts):
+        if satisfies(doc.program, viterbi[b], length, doc.sentence_starts, doc.closed_starts):
             reports[b] = ConstraintReport("satisfied", unconstrained, unconstrained, False, states)
             continue
-        mask, conflict = valid(b, doc.program)
+        mask, conflict = valid(b, doc)
         if conflict:
             reports[b] = ConstraintReport("infeasible", unconstrained, unconstrained, False, states,
                                           reason=conflict)
@@ -278,8 +279,9 @@ def semicrf_constrained(
     lengths_np = lengths.cpu().numpy()
     host = to_host(scores)
 
-    def valid(b, program):
-        return itemgraphs.semicrf_valid(int(lengths_np[b]), (L, K, C), program)
+    def valid(b, doc):
+        return itemgraphs.semicrf_valid(
+            int(lengths_np[b]), (L, K, C), doc.program, doc.closed_starts)
 
     def to_spans(items):
         return [(s, s + w, c) for s, w, c in items if c > 0]
@@ -312,8 +314,9 @@ def crf_constrained(
     host = to_host(emissions)[:, :, None, :]
     T = itemgraphs.crf_transitions(transitions, allowed)
 
-    def valid(b, program):
-        mask, conflict = itemgraphs.crf_valid(int(lengths_np[b]), L, scheme, program)
+    def valid(b, doc):
+        mask, conflict = itemgraphs.crf_valid(
+            int(lengths_np[b]), L, scheme, doc.program, doc.closed_starts)
         return mask[:, None, :], conflict
 
     def to_spans(items):

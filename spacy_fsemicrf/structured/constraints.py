@@ -503,11 +503,15 @@ def _compile(constraints: Tuple[Constraint, ...], labels: Tuple[str, ...]) -> Co
 
 
 class DocConstraints(NamedTuple):
-    """What a head needs to decode one document under constraints: the compiled program and
-    the document's sentence starts (token offsets; empty: one sentence)."""
+    """What a head needs to decode one document under constraints: the compiled program, the
+    document's sentence starts (token offsets; empty: one sentence) and the tokens where no
+    entity may start unless a forced span does (the spaCy component passes the whitespace
+    tokens, which it trims from entities after decoding: the constraints then count the
+    entities it writes)."""
 
     program: ConstraintProgram
     sentence_starts: Tuple[int, ...] = ()
+    closed_starts: Tuple[int, ...] = ()
 
 
 def sentence_index(length: int, sentence_starts: Sequence[int] = ()) -> numpy.ndarray:
@@ -535,10 +539,16 @@ def satisfies(
     spans: Iterable[Tuple[int, int, int]],
     length: int,
     sentence_starts: Sequence[int] = (),
+    closed_starts: Sequence[int] = (),
 ) -> bool:
     """Whether entities ``(start, end inclusive, label id)`` (non-overlapping) satisfy every
-    constraint of ``program`` in a document of ``length`` tokens."""
+    constraint of ``program`` in a document of ``length`` tokens, none but a forced span
+    starting on a token of ``closed_starts``."""
     spans = sorted(spans)
+    if closed_starts:
+        closed, forced = set(closed_starts), set(program.forces)
+        if any(s in closed and (s, e, label) not in forced for s, e, label in spans):
+            return False
     for f in program.forbids:
         end = length - 1 if f.end is None else f.end
         for s, e, label in spans:

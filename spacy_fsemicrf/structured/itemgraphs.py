@@ -14,9 +14,10 @@
 
 Each builder says why the constraints contradict each other on this document, if they do (a
 forced span past the end or wider than the head allows, overlapping forced spans, a forced
-span that is forbidden): then no path satisfies them.
+span that is forbidden): then no path satisfies them. Each also removes the entities that
+start on a token of ``closed_starts`` (a forced span excepted).
 """
-from typing import Callable, NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import numpy
 import torch
@@ -79,11 +80,13 @@ def filtered_items(
     max_width: int,
     program: Optional[ConstraintProgram] = None,
     force_score: Optional[Callable[[int, int, int], float]] = None,
+    closed_starts: Sequence[int] = (),
 ) -> DocItems:
     """The filtered graph of one document: ``rows [n, 3]`` its nodes ``(start, end, label)``,
     ``scores [n]``. ``force_score(start, end, label)`` scores forced spans that are not nodes
     (the head's global score; 0 without it). With a program, nodes of the labels a count constraint
-    may want fewer of are droppable (:mod:`.pathsearch`), forced spans never."""
+    may want fewer of are droppable (:mod:`.pathsearch`), forced spans never; nodes starting on
+    a token of ``closed_starts`` are removed."""
     starts, ends, labels = (rows[:, i].astype(numpy.int64) for i in range(3))
     scores = scores.astype(numpy.float64)
     origin = numpy.arange(len(scores))
@@ -96,12 +99,14 @@ def filtered_items(
     conflict = force_conflict(program, length, max_width)
     if conflict:
         return DocItems(None, True, conflict)
+    sames = [(starts == f.start) & (ends == f.end) & (labels == f.label) for f in program.forces]
     forced = numpy.zeros(len(scores), dtype=bool)
-    added = []
-    for f in program.forces:
-        same = (starts == f.start) & (ends == f.end) & (labels == f.label)
-        keep &= ~((starts <= f.end) & (ends >= f.start)) | same
+    for same in sames:
         forced |= same
+    keep &= ~numpy.isin(starts, closed_starts) | forced
+    added = []
+    for f, same in zip(program.forces, sames):
+        keep &= ~((starts <= f.end) & (ends >= f.start)) | same
         if not same.any():
             score = 0.0 if force_score is None else force_score(f.start, f.end, f.label)
             added.append((f.start, f.end, f.label, score))
@@ -131,11 +136,14 @@ def segments_inside(lengths: numpy.ndarray, shape: Tuple[int, int, int]) -> nump
 
 
 def semicrf_valid(
-    length: int, shape: Tuple[int, int, int], program: Optional[ConstraintProgram] = None
+    length: int,
+    shape: Tuple[int, int, int],
+    program: Optional[ConstraintProgram] = None,
+    closed_starts: Sequence[int] = (),
 ) -> Tuple[numpy.ndarray, str]:
     """``(valid [L, K, C], conflict)``: the segments of a document of ``length`` tokens
-    that may occur (inside it, null ones one token wide, obeying the token-level constraints)
-    on the head's ``[L, K, C]`` grid."""
+    that may occur (inside it, null ones one token wide, obeying the token-level constraints,
+    no entity starting on a token of ``closed_starts``) on the head's ``[L, K, C]`` grid."""
     s, w, c = _grid(shape)
     K = shape[1]
     valid = segments_inside(numpy.array([length]), shape)[0]
@@ -147,17 +155,23 @@ def semicrf_valid(
     conflict = force_conflict(program, length, K)
     if conflict:
         return valid, conflict
+    valid &= ~(numpy.isin(s, closed_starts) & (c > 0))
     for f in program.forces:
         own = (s == f.start) & (w == f.end - f.start) & (c == f.label)
-        valid &= ~((s <= f.end) & (e >= f.start)) | own
+        valid = valid & ~((s <= f.end) & (e >= f.start)) | own  # (own even on a closed start)
     return valid, ""
 
 
 def crf_valid(
-    length: int, L: int, scheme: TagScheme, program: Optional[ConstraintProgram] = None
+    length: int,
+    L: int,
+    scheme: TagScheme,
+    program: Optional[ConstraintProgram] = None,
+    closed_starts: Sequence[int] = (),
 ) -> Tuple[numpy.ndarray, str]:
     """``(valid [L, n_tags], conflict)``: the tags each token of a document of
-    ``length`` tokens may take under the token-level constraints (none past the end)."""
+    ``length`` tokens may take under the token-level constraints (none past the end), no
+    tag opening an entity (B, U) on a token of ``closed_starts``."""
     labels = scheme.labels.numpy()
     t = numpy.arange(L)[:, None]
     valid = numpy.broadcast_to(t < length, (L, scheme.n_tags)).copy()
@@ -168,11 +182,12 @@ def crf_valid(
     conflict = force_conflict(program, length, None)
     if conflict:
         return valid, conflict
+    valid &= ~(numpy.isin(t, closed_starts) & (crf_symbols(scheme) > 0))
     for f in program.forces:
         own = numpy.zeros_like(valid)
         for pos, kind in _force_tags(f, scheme.scheme):
             own[pos, scheme.tag(kind, f.label)] = True
-        valid &= ~((t >= f.start) & (t <= f.end)) | own
+        valid = valid & ~((t >= f.start) & (t <= f.end)) | own  # (own even on a closed start)
         if f.end + 1 < length and scheme.scheme == "BIO":  # the entity ends at f.end
             valid[f.end + 1, scheme.tag("I", f.label)] = False
     return valid, ""  # O stays open outside the forced spans: every token keeps a tag
