@@ -164,6 +164,7 @@ def make_fsemicrf_ner(
     threshold (float): predicted entities scoring below it are left out of doc.ents and
         doc.spans[spans_key]; 0 keeps every decoded entity. The scores are calibrated when
         the pipeline carries a calibration map (spacy_fsemicrf.calibration), raw otherwise.
+        A document whose constraints hold keeps all its entities (the constraints decide).
     candidates_key (Optional[str]): ``doc.spans`` key for the candidates the head considered
         (the filtered head's kept nodes; the other heads' spans of marginal above 0.01, and the
         decoded entities), with their scores; None (the default) leaves them out.
@@ -575,7 +576,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     def set_annotations(self, docs: Iterable[Doc], prediction: BatchPrediction) -> None:
         """Write the output of :meth:`predict`: the entities scoring at least ``threshold``
-        (calibrated scores with a calibration map, raw confidences without) to
+        (calibrated scores with a calibration map, raw confidences without; every entity of a
+        document whose constraints hold) to
         ``doc.spans[spans_key]`` and ``doc.ents``, the path probability, the constraint
         reports, the candidates. No entity starts or ends on a whitespace token
         (:func:`trim_whitespace`)."""
@@ -593,12 +595,16 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if keep is not None:
             entities, raw = entities[keep], raw[keep]
         scores = apply_calibration(self.calibration, raw, self._seen(docs, entities))
+        reports = prediction.reports or [None] * len(docs)
         if self._threshold > 0:
-            keep = scores >= self._threshold
+            # the constraints decide the entities of a document they hold on: leaving one out
+            # could break them (a forced span, a count)
+            held = numpy.array([r is not None and r.status != "infeasible" for r in reports],
+                               dtype=bool)
+            keep = (scores >= self._threshold) | held[entities[:, 0]]
             entities, scores = entities[keep], scores[keep]
         labels = [self.vocab.strings.add(label) for label in self.labels]
         key = self.spans_key
-        reports = prediction.reports or [None] * len(docs)
         groups = _span_groups(docs, key, entities, scores, labels)
         paths = prediction.path.tolist()
         for doc, (ents, group), path, report in zip(docs, groups, paths, reports):

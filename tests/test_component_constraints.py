@@ -208,3 +208,27 @@ def test_the_written_entities_obey_the_constraints_on_text_with_whitespace_token
     assert not any(token.is_space for ent in doc.ents for token in (ent[0], ent[-1]))
     if report["status"] != "infeasible":
         assert len(labels_of(doc, "PER")) == 3
+
+
+def test_the_threshold_leaves_the_entities_of_a_document_whose_constraints_hold(trained):
+    """A threshold would break a constraint by leaving out what it asked for (here a forced
+    span the model gives a low score): the constraints decide the entities of a document they
+    hold on, and an infeasible document is thresholded as usual."""
+    ner = trained.get_pipe("fsemicrf_ner")
+    force = [{"kind": "force_span", "start": 2, "end": 4, "label": "LOC"}]  # "works for"
+    cfg = {"fsemicrf_ner": {"constraints": force}}
+    free = trained(TWO_ORGS, component_cfg=cfg)
+    ner.threshold = 1.0
+    try:
+        doc = trained(TWO_ORGS, component_cfg=cfg)
+        impossible = [{"kind": "at_least", "label": "PER", "n": 5, "scope": "doc"}]
+        infeasible = trained("John Smith .", component_cfg={"fsemicrf_ner": {
+            "constraints": impossible}})
+    finally:
+        ner.threshold = 0.0
+    assert doc.spans["fsemicrf"].attrs["constraints"]["status"] != "infeasible"
+    assert ("works for", "LOC") in [(e.text, e.label_) for e in doc.ents]
+    assert [(e.start, e.end, e.label_) for e in doc.ents] == [
+        (e.start, e.end, e.label_) for e in free.ents]
+    assert infeasible.spans["fsemicrf"].attrs["constraints"]["status"] == "infeasible"
+    assert all(s >= 1.0 for s in infeasible.spans["fsemicrf"].attrs["scores"])
