@@ -34,6 +34,7 @@ from .augment import AUGMENTED
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
 from .doc_constraints import check_constraints, constraints_of_docs, doc_own_constraints
 from .scorer import ner_score
+from .structured.constrained import empty_document_report
 from .structured.constraints import Constraint, ForceSpan, constraints_to_dicts
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
@@ -551,14 +552,17 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         extra = check_constraints(constraints, self.labels)
         error_handler = self.get_error_handler()
         for docs in minibatch(stream, size=batch_size):
+            # set for this batch only, not while the generator waits: another call of the
+            # component in between must not see them
             before, self._call_constraints = self._call_constraints, extra
             try:
                 self.set_annotations(docs, self.predict(docs))
-                yield from docs
             except Exception as e:
                 error_handler(self.name, self, docs, e)
+                continue
             finally:
                 self._call_constraints = before
+            yield from docs
 
     def predict(self, docs: Iterable[Doc]) -> BatchPrediction:
         """Decode a batch: a :class:`~.head_model.BatchPrediction` of the decoded entities
@@ -858,11 +862,14 @@ def _doc_bounds(rows: numpy.ndarray, n_docs: int) -> List[int]:
 
 
 def _empty_prediction(n_docs: int, options: DecodeOptions) -> BatchPrediction:
-    """The prediction for documents without tokens: no entity and the empty path (probability
-    1); with nothing to decode there is no constraint report."""
+    """The prediction for documents without tokens: no entity, the empty path (probability
+    1), and whether it obeys each document's constraints."""
     empty = (numpy.zeros((0, 4), dtype="int64"), numpy.zeros((0,), dtype="float32"))
+    reports = None
+    if options.constrained():
+        reports = [empty_document_report(doc) for doc in options.constraints]
     return BatchPrediction(*empty, numpy.ones((n_docs,), dtype="float32"),
-                           empty if options.candidates else None, None)
+                           empty if options.candidates else None, reports)
 
 
 def check_labels(labels: Any, component: str) -> List[str]:

@@ -28,7 +28,7 @@ from thinc.types import Floats2d, Ints1d, Ints2d
 from .averages import use_averaged_params
 from .serialize import UninitializedHead, deserialize_head, instantiate_head, serialize_head
 from .structured.compaction import to_device
-from .structured.constrained import ConstraintReport
+from .structured.constrained import ConstraintReport, empty_document_report
 from .structured.heads import HEADS
 from .structured.prediction import DecodeOptions, Prediction
 
@@ -365,6 +365,9 @@ def _predict(model: Model, inputs: HeadInput, lengths: numpy.ndarray):
             path[group] = _host(p.path, torch.float32)
         for i, report in zip(group.tolist(), p.reports or ()):
             reports[i] = report
+    if options.constrained():  # the documents without tokens, which no group holds
+        for i in numpy.flatnonzero(lengths == 0).tolist():
+            reports[i] = empty_document_report(options.constraints[i])
     candidates = None
     if options.candidates:
         candidates = _merge_rows([(g, *p.candidates) for g, p in parts], in_order)

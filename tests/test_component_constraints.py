@@ -232,3 +232,39 @@ def test_the_threshold_leaves_the_entities_of_a_document_whose_constraints_hold(
         (e.start, e.end, e.label_) for e in free.ents]
     assert infeasible.spans["fsemicrf"].attrs["constraints"]["status"] == "infeasible"
     assert all(s >= 1.0 for s in infeasible.spans["fsemicrf"].attrs["scores"])
+
+
+def test_a_document_without_tokens_is_reported_like_any_other(trained, caplog):
+    """The empty segmentation of a document without tokens obeys an at_most (satisfied) and
+    not an at_least (infeasible, with a warning), alone or in a batch with other documents."""
+    at_least = {"fsemicrf_ner": {"constraints": [
+        {"kind": "at_least", "label": "PER", "n": 1, "scope": "doc"}]}}
+    at_most = {"fsemicrf_ner": {"constraints": AT_MOST_ONE_ORG}}
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        alone = trained("", component_cfg=at_least)
+        mixed = list(trained.pipe(["", TWO_ORGS], component_cfg=at_least))
+    for doc in (alone, mixed[0]):
+        report = doc.spans["fsemicrf"].attrs["constraints"]
+        assert (report["status"], report["reason"]) == (
+            "infeasible", "no segmentation obeys the count and pair constraints together")
+    assert "the constraints cannot all hold on the document ''" in caplog.text
+    assert trained("", component_cfg=at_most).spans["fsemicrf"].attrs["constraints"][
+        "status"] == "satisfied"
+    assert "constraints" not in trained("").spans["fsemicrf"].attrs
+
+
+def test_the_constraints_of_a_pipe_call_stay_with_its_batches(trained):
+    """While an nlp.pipe generator with constraints waits between its documents, another call
+    of the component does not see them."""
+    ner = trained.get_pipe("fsemicrf_ner")
+    none = [{"kind": "at_most", "label": "ORG", "n": 0, "scope": "doc"}]
+    paused = ner.pipe(iter([trained.make_doc(TWO_ORGS)] * 2), batch_size=1, constraints=none)
+    first = next(paused)
+    tok2vec_docs = [trained.make_doc(TWO_ORGS)]
+    for name, proc in trained.pipeline:
+        if name != "fsemicrf_ner":
+            tok2vec_docs = list(proc.pipe(tok2vec_docs))
+    ner.set_annotations(tok2vec_docs, ner.predict(tok2vec_docs))
+    assert labels_of(first, "ORG") == [] and labels_of(tok2vec_docs[0], "ORG") == [
+        "Google", "Apple"]
+    assert labels_of(next(paused), "ORG") == []

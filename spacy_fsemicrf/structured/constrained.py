@@ -75,6 +75,18 @@ def _active(doc: Optional[DocConstraints]) -> bool:
 
 
 
+def empty_document_report(doc: Optional[DocConstraints]) -> Optional[ConstraintReport]:
+    """The report of a document without tokens (None without constraints): its one
+    segmentation, the empty one, obeys them or none does."""
+    if not _active(doc):
+        return None
+    states = doc.program.automaton.n_states
+    if satisfies(doc.program, [], 0, doc.sentence_starts):
+        return ConstraintReport("satisfied", 0.0, 0.0, False, states)
+    reason = itemgraphs.force_conflict(doc.program, 0, None) or NO_SEGMENTATION
+    return ConstraintReport("infeasible", 0.0, 0.0, False, states, reason=reason)
+
+
 def _doc_ranges(doc_column: numpy.ndarray, batch: int) -> numpy.ndarray:
     """``[B + 1]``: where each document's rows start in a list sorted by document."""
     return numpy.searchsorted(doc_column, numpy.arange(batch + 1))
