@@ -10,8 +10,10 @@ that label occur. Use it in a config:
     @augmenters = "spacy-fsemicrf.entity_token_replacement.v1"
     level = 0.3
 
-An augmented example's reference doc carries ``user_data[AUGMENTED] = True``, so that the
-component does not count its made-up names among the entities seen in training.
+Tokens whose entity annotation is missing stay missing (and tokens annotated as outside any
+entity stay O), as in spaCy's own augmenters. An augmented example's reference doc carries
+``user_data[AUGMENTED] = True``, so that the component does not count its made-up names among
+the entities seen in training.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 from spacy.language import Language
 from spacy.tokens import Doc
 from spacy.training import Example
+from spacy.training.iob_utils import doc_to_biluo_tags
 from spacy.util import registry
 
 AUGMENTED = "spacy_fsemicrf.augmented"
@@ -32,7 +35,8 @@ def create_entity_token_replacement(
 ) -> Callable[[Language, Example], Iterator[Example]]:
     """An augmenter that replaces each entity token with probability ``level`` by a token of
     another entity of the same label, drawn from a pool of at most ``pool_size`` entity tokens
-    per label (filled from the examples as they stream by, reservoir-sampled)."""
+    per label (filled from the examples as they stream by, reservoir-sampled). Tokens without
+    entity annotation keep it missing in the augmented example."""
     if not 0.0 <= level <= 1.0:
         raise ValueError(f"level must be between 0 and 1, got {level!r}")
     if pool_size < 1:
@@ -69,6 +73,8 @@ def create_entity_token_replacement(
             yield example
             return
         data = example.to_dict()
+        # to_dict writes tokens without entity annotation as O: keep them missing
+        data["doc_annotation"]["entities"] = _entity_tags(reference)
         spaces = data["token_annotation"]["SPACY"]
         data["token_annotation"]["ORTH"] = words
         _move_char_offsets(data["doc_annotation"], reference, words, spaces)
@@ -78,6 +84,15 @@ def create_entity_token_replacement(
         yield augmented
 
     return augment
+
+
+def _entity_tags(doc: Doc) -> List[str]:
+    """The BILUO tags of ``doc``'s entities, with ``"-"`` for tokens whose entity annotation is
+    missing and ``"O"`` for those annotated as outside any entity, as spaCy's own augmenters
+    write them."""
+    tags = doc_to_biluo_tags(doc, missing="-")
+    # ENT_IOB 2 is an annotated O; 0 (missing) keeps the "-" it got for lying outside doc.ents
+    return ["O" if token.ent_iob == 2 else tag for token, tag in zip(doc, tags)]
 
 
 def _move_char_offsets(

@@ -119,6 +119,24 @@ def test_it_runs_from_a_config_through_spacys_corpus(tmp_path):
         [[(e.start, e.end, e.label_) for e in eg.reference.ents] for eg in examples(nlp)]
 
 
+def test_missing_entity_annotation_stays_missing():
+    nlp = spacy.blank("en")
+    augment = create_entity_token_replacement(level=1.0)
+    random.seed(0)
+    for eg in examples(nlp):  # fill the pool with other names first
+        list(augment(nlp, eg))
+    # "-": no annotation; "O": annotated as outside any entity
+    tags = ["B-PER", "L-PER", "O", "-", "-", "U-LOC", "-"]
+    eg = Example.from_dict(nlp.make_doc("John Smith lives near Lake Geneva ."),
+                           {"entities": tags})
+    (out,) = list(augment(nlp, eg))
+    assert out is not eg
+    after = out.reference
+    assert [t.ent_iob_ for t in after] == ["B", "I", "O", "", "", "B", ""]
+    assert [(e.start, e.end, e.label_) for e in after.ents] == [(0, 2, "PER"), (5, 6, "LOC")]
+    assert after.has_annotation("ENT_IOB")
+
+
 @pytest.mark.parametrize("kwargs", [{"level": -0.1}, {"level": 1.5}, {"pool_size": 0}])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
