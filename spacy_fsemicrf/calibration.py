@@ -25,7 +25,9 @@ Fitting it:
 * from Python: :func:`calibrate_component`.
 
 Only the documents given are read: fit on a development split, never on the test set. A few
-hundred predicted entities make a usable map; a few thousand a good one.
+hundred predicted entities make a usable map; a few thousand a good one. The fit counts the
+predicted entities that spaCy's NER scorer counts: not those that cover a token without gold
+entity annotation.
 """
 import argparse
 import logging
@@ -292,9 +294,12 @@ def unannotated(doc: Doc) -> Doc:
 def raw_outcomes(
     nlp: Language, component: str, gold_docs: Iterable[Doc]
 ) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
-    """``(raw confidences, correct, seen)`` of every entity ``component`` predicts on the
-    tokens of ``gold_docs`` (before any threshold): correct when its span and label are a gold
-    entity, seen when its text is an entity's text in the component's training data."""
+    """``(raw confidences, correct, seen)`` of the entities ``component`` predicts on the
+    tokens of ``gold_docs`` (before any threshold) that spaCy's NER scorer counts: an entity
+    that covers a token without gold entity annotation is neither right nor wrong there, and is
+    left out (so is every entity of a document without entity annotation). Correct when its
+    span and label are a gold entity, seen when its text is an entity's text in the
+    component's training data."""
     pipe = nlp.get_pipe(component)
     before = nlp.pipe_names[: nlp.pipe_names.index(component)]
     raws: List[numpy.ndarray] = []
@@ -304,12 +309,19 @@ def raw_outcomes(
         with nlp.select_pipes(enable=before):
             docs = list(nlp.pipe(unannotated(doc) for doc in batch))
         out = pipe.predict(docs)
-        raws.append(out.scores)
-        seen.append(seen_flags(docs, out.spans, pipe.seen_entities))
+        rows = out.spans.tolist()
+        # as in spacy.scorer.get_ner_prf: ENT_IOB 0 is a token whose annotation is missing
+        missing = [doc.to_array("ENT_IOB") == 0 for doc in batch]
+        scored = numpy.asarray(
+            [not missing[i][start:end + 1].any() for i, start, end, _ in rows], dtype=bool
+        ).reshape(-1)
+        raws.append(out.scores[scored])
+        seen.append(seen_flags(docs, out.spans[scored], pipe.seen_entities))
         labels = pipe.labels
         gold = [{(e.start, e.end - 1, e.label_) for e in doc.ents} for doc in batch]
         correct.extend(
-            (start, end, labels[label - 1]) in gold[i] for i, start, end, label in out.spans.tolist()
+            (start, end, labels[label - 1]) in gold[i]
+            for (i, start, end, label), counted in zip(rows, scored) if counted
         )
     if not raws:
         return numpy.zeros((0,), dtype="float32"), numpy.zeros((0,), dtype=bool), numpy.zeros((0,), dtype=bool)
@@ -323,7 +335,9 @@ def calibrate_component(
     their gold entities), store it in the component and return it; None, with a warning and
     the map unchanged, when the component predicts no entity on them. Documents without entity
     annotation are left out (with a warning), as from the training loss: their predicted
-    entities would all count as wrong."""
+    entities would all count as wrong. In partly annotated documents, predicted entities that
+    cover a token without annotation are left out, as spaCy's NER scorer leaves them out
+    (:func:`raw_outcomes`)."""
     pipe = nlp.get_pipe(component)
     if not hasattr(pipe, "calibration"):
         raise ValueError(f"'{component}' is not an fsemicrf_ner component")

@@ -21,7 +21,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from spacy.cli.train import train
+from spacy.scorer import get_ner_prf
 from spacy.tokens import DocBin
+from spacy.training import Example
 
 from spacy_fsemicrf import calibration
 from spacy_fsemicrf.calibration import (
@@ -37,6 +39,7 @@ from spacy_fsemicrf.calibration import (
     make_calibrate_callback,
     raw_outcomes,
     seen_flags,
+    unannotated,
 )
 from spacy_fsemicrf.structured import heads
 from spacy_fsemicrf.structured.confidences import CANDIDATE_FLOOR, span_candidates
@@ -567,6 +570,31 @@ def test_documents_without_entity_annotation_are_left_out_of_the_fit(small_nlp, 
         assert calibrate_component(nlp, "fsemicrf_ner", bare) is None
     assert nlp.get_pipe("fsemicrf_ner").calibration == mixed  # unchanged
     assert any("the map is unchanged" in r.getMessage() for r in caplog.records)
+
+
+def test_entities_on_tokens_without_annotation_are_left_out_as_the_scorer_does(small_nlp,
+                                                                             tmp_path):
+    """A predicted entity that covers a token without gold entity annotation is neither right
+    nor wrong for spaCy's NER scorer; calibration counted it as wrong, so that a partly
+    annotated dev set fitted a map far below the scorer's precision."""
+    nlp = _copy(small_nlp, tmp_path)
+    gold = []
+    for eg in make_examples(nlp):
+        doc, half = eg.reference, len(eg.reference) // 2
+        doc.set_ents([e for e in doc.ents if e.end <= half], missing=[doc[half:]],
+                     default="outside")
+        gold.append(doc)
+    preds = list(nlp.pipe(unannotated(doc) for doc in gold))
+    n_predicted = sum(len(doc.ents) for doc in preds)
+    scored = [e for p, g in zip(preds, gold) for e in p.ents
+              if all(t.ent_iob_ for t in g[e.start:e.end])]
+    assert 0 < len(scored) < n_predicted  # some entities are on the unannotated halves
+    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", gold)
+    assert raw.size == seen.size == correct.size == len(scored)
+    precision = get_ner_prf([Example(p, g) for p, g in zip(preds, gold)])["ents_p"]
+    assert correct.mean() == pytest.approx(precision)
+    fitted = calibrate_component(nlp, "fsemicrf_ner", gold)
+    assert (fitted["n_entities"], fitted["n_correct"]) == (len(scored), int(correct.sum()))
 
 
 def test_the_command_saves_nothing_without_entities_to_fit(small_nlp, tmp_path, capsys):
