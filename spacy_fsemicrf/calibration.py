@@ -365,21 +365,20 @@ def make_calibrate_callback(
 ) -> Callable[[Language], Language]:
     """A ``[training.before_to_disk]`` callback: before each save, fit ``component``'s
     calibration map on the documents of ``dev_path`` (give it ``${paths.dev}``; it reads only
-    that file, once). Without ``component``, the pipeline's one ``fsemicrf_ner`` component,
-    whatever its name."""
+    that file, once). Without ``component``, every component made by the ``fsemicrf_ner``
+    factory, whatever its name, each its own map; a ``ValueError`` when there is none."""
     docbin: List[DocBin] = []
 
     def calibrate_before_to_disk(nlp: Language) -> Language:
-        name = component
-        if name is None:
-            found = fsemicrf_components(nlp)
-            if len(found) != 1:
-                raise ValueError(f"spacy-fsemicrf.calibrate.v1: the pipeline has {len(found)} "
-                                 f"fsemicrf_ner components ({found}); name one with component")
-            name = found[0]
+        names = [component] if component is not None else fsemicrf_components(nlp)
+        if not names:
+            raise ValueError("spacy-fsemicrf.calibrate.v1: the pipeline has no fsemicrf_ner "
+                             f"component to calibrate (its components: {nlp.pipe_names})")
         if not docbin:
             docbin.append(DocBin().from_disk(dev_path))
-        calibrate_component(nlp, name, docbin[0].get_docs(nlp.vocab))
+        for name in names:
+            # get_docs is a generator, read once: a new one per component
+            calibrate_component(nlp, name, docbin[0].get_docs(nlp.vocab))
         return nlp
 
     return calibrate_before_to_disk

@@ -823,9 +823,31 @@ def test_the_callback_finds_the_component_by_its_factory(small_nlp, tmp_path):
     dev = write_corpus(tmp_path / "dev.spacy", nlp)
     make_calibrate_callback(str(dev))(nlp)
     assert nlp.get_pipe("ner").calibration["n_entities"] > 0
-    nlp.add_pipe("ner", name="second", source=nlp)
-    with pytest.raises(ValueError, match=r"has 2 fsemicrf_ner components \(\['ner', 'second'\]\)"):
-        make_calibrate_callback(str(dev))(nlp)
+    with pytest.raises(ValueError, match="has no fsemicrf_ner component"):
+        make_calibrate_callback(str(dev))(spacy.blank("en"))
+
+
+def test_the_callback_calibrates_every_fsemicrf_ner_component_or_the_one_named(small_nlp,
+                                                                               tmp_path):
+    """With two components and no ``component`` the callback raised at the first save of
+    ``spacy train``, which then saved nothing."""
+    nlp = _copy(small_nlp, tmp_path)
+    # sourced from another copy: a component sourced from nlp itself is the same object
+    nlp.add_pipe("fsemicrf_ner", name="second", source=_copy(small_nlp, tmp_path, "other"))
+    examples = make_examples(nlp)
+    nlp.update(examples[:2], exclude=["fsemicrf_ner"])  # different weights: different maps
+    dev = write_corpus(tmp_path / "dev.spacy", nlp)
+    gold = [eg.reference for eg in examples]
+    make_calibrate_callback(str(dev))(nlp)
+    maps = {name: nlp.get_pipe(name).calibration for name in ("fsemicrf_ner", "second")}
+    assert maps["fsemicrf_ner"] != maps["second"]
+    for name, fitted in maps.items():
+        assert fitted is not None and calibrate_component(nlp, name, gold) == fitted
+    for name in maps:
+        nlp.get_pipe(name).calibration = None
+    make_calibrate_callback(str(dev), "second")(nlp)
+    assert nlp.get_pipe("fsemicrf_ner").calibration is None
+    assert nlp.get_pipe("second").calibration == maps["second"]
 
 
 def test_the_callback_reads_its_file_once(small_nlp, tmp_path, monkeypatch):
