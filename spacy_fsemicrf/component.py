@@ -770,6 +770,13 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """After loading: a pipeline without a calibration map warns on its first entities,
         and the constraints and labels must agree with the loaded model."""
         self._warned_uncalibrated = False
+        if needs_novelty(self.calibration) and not len(self.seen_entities):
+            logger.warning(
+                "%s: the calibration map calibrates entities seen in training apart from new "
+                "ones, but the pipeline has no %s (its file is missing or was excluded): every "
+                "entity is calibrated as new. Save the pipeline with them, or fit a map again.",
+                self.name, SEEN_ENTITIES,
+            )
         if not model_is_initialized(self.model):
             return
         self.constraints = self.constraints  # they must name the loaded labels

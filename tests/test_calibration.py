@@ -773,6 +773,26 @@ def test_a_map_by_novelty_scores_seen_and_unseen_entities_apart(small_nlp, tmp_p
         assert other.spans["fsemicrf"].attrs["scores"].tolist() == doc.spans["fsemicrf"].attrs["scores"].tolist()
 
 
+def test_a_map_by_novelty_loaded_without_the_seen_entities_warns(small_nlp, tmp_path, caplog):
+    """Without the seen entities every entity would be calibrated as new, silently: loading
+    such a pipeline (the file missing, or excluded) says so; a whole one loads quietly."""
+    nlp = _copy(small_nlp, tmp_path)
+    nlp.get_pipe("fsemicrf_ner").calibration = NOVELTY_MAP
+    nlp.to_disk(tmp_path / "novelty")
+    warning = "every entity is calibrated as new"
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        spacy.load(tmp_path / "novelty")
+        assert warning not in caplog.text
+        (tmp_path / "novelty" / "fsemicrf_ner" / "seen_entities").unlink()
+        spacy.load(tmp_path / "novelty")
+    assert caplog.text.count(warning) == 1
+    caplog.clear()
+    fresh = spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": small_model()})
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        fresh.from_bytes(nlp.get_pipe("fsemicrf_ner").to_bytes(exclude=["seen_entities"]))
+    assert caplog.text.count(warning) == 1
+
+
 def test_the_training_callback_fits_on_the_dev_path_only(tmp_path, monkeypatch):
     """The shipped config's callback fits a map at each save, from the dev file alone; the
     evaluations during training see no map (each follows an update, which drops the last
