@@ -336,7 +336,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"Cannot add the label {label!r} to the initialized component '{self.name}': "
                 f"its head was built for the labels {list(self.labels)}. Add every label "
                 f"before initializing (from the training data or "
-                f"[initialize.components.{self.name}.labels]) and initialize again."
+                f"[initialize.components.{self.name}.labels]) and initialize again: a trained "
+                f"component keeps its labels."
             )
         self.cfg["labels"].append(label)
         self.vocab.strings.add(label)
@@ -448,9 +449,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         loss, backprop = self.model.begin_update(ModelInput(docs, gold, mask))
         backprop(1.0)
         # a map of the old weights would misplace every score, and the threshold with them:
-        # in spacy train each evaluation came after an update, with the last save's map
+        # in spacy train each evaluation came after an update, with the last save's map.
+        # No warning about it while training (a sourced component is never initialized)
         self.calibration = None
-        if sgd is not None:
+        self._warned_uncalibrated = True
+        if sgd not in (None, False):  # False: no step, as spaCy's pipes take it
             self.finish_update(sgd)
         losses[self.name] += loss
         return losses
@@ -478,7 +481,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                         f"[{self.name}] The training data has an entity with the label "
                         f"{ent.label_!r}, which the component was not initialized with "
                         f"(labels: {list(self.labels)}). Include it in the initialization "
-                        f"examples or in [initialize.components.{self.name}.labels]."
+                        f"examples or in [initialize.components.{self.name}.labels]. A "
+                        f"component sourced from a trained pipeline keeps the labels it was "
+                        f"trained with, as spaCy's spancat does (spacy train does not "
+                        f"initialize it): to learn a new label, train it anew, not sourced."
                     )
             aligned = eg.get_aligned_spans_y2x(ents, allow_overlap=False)
             n_misaligned += len(ents) - len(aligned)

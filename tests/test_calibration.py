@@ -713,6 +713,12 @@ def test_no_warning_about_the_map_while_training_but_once_after_loading(small_nl
         list(loaded.pipe(texts))  # initialized, not yet loaded
         assert not [r for r in caplog.records if "calibration map" in r.getMessage()]
         loaded.from_bytes(small_nlp.to_bytes())
+        # a loaded pipeline trained on, as a sourced component in spacy train (which does not
+        # initialize it): no warning at its evaluations either
+        loaded.update(make_examples(loaded)[:1])
+        list(loaded.pipe(texts))
+        assert not [r for r in caplog.records if "calibration map" in r.getMessage()]
+        loaded.from_bytes(small_nlp.to_bytes())
         list(loaded.pipe(texts))
         list(loaded.pipe(texts))
     assert len([r for r in caplog.records if "calibration map" in r.getMessage()]) == 1

@@ -469,3 +469,14 @@ def test_a_model_of_another_architecture_is_refused_when_the_component_is_made()
             r"spacy-fsemicrf.LinearCRF.v1\), got the model 'parser_model'")):
         nlp.add_pipe("fsemicrf_ner", config={"model": DEFAULT_NER_MODEL})
     assert nlp.pipe_names == []
+
+
+def test_update_with_sgd_false_takes_no_step():
+    """``sgd=False`` (as spaCy's pipes take it): the loss is computed, the weights stay."""
+    nlp, examples = _initialized()
+    ner = nlp.get_pipe("fsemicrf_ner")
+    before = [p.detach().clone() for p in model_torch_head(ner.model).parameters()]
+    losses = ner.update(examples, sgd=False)
+    assert losses["fsemicrf_ner"] > 0
+    after = list(model_torch_head(ner.model).parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
