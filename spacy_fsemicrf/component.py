@@ -35,7 +35,7 @@ from .calibration import apply_calibration, check_calibration, entity_key, needs
 from .doc_constraints import check_constraints, constraints_of_docs, doc_own_constraints
 from .scorer import ner_score
 from .structured.constrained import empty_document_report
-from .structured.constraints import Constraint, ForceSpan, constraints_to_dicts
+from .structured.constraints import Constraint, DocConstraints, ForceSpan, constraints_to_dicts
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
 from .structured.heads import HEADS
@@ -219,7 +219,6 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.threshold = threshold
         self.candidates_key = candidates_key
         self.constraints = constraints or []
-        self._call_constraints: Tuple[Constraint, ...] = ()
         self._warned_uncalibrated = False  # (initialize and loading set it)
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
@@ -558,31 +557,34 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         extra = check_constraints(constraints, self.labels)
         error_handler = self.get_error_handler()
         for docs in minibatch(stream, size=batch_size):
-            # set for this batch only, not while the generator waits: another call of the
-            # component in between must not see them
-            before, self._call_constraints = self._call_constraints, extra
+            # the call's constraints travel with its prediction, never on the component:
+            # another call (another thread, or while this generator waits) must not see them
             try:
-                self.set_annotations(docs, self.predict(docs))
+                self.set_annotations(docs, self._predict(docs, extra))
+                yield from docs
             except Exception as e:
                 error_handler(self.name, self, docs, e)
-                continue
-            finally:
-                self._call_constraints = before
-            yield from docs
 
     def predict(self, docs: Iterable[Doc]) -> BatchPrediction:
         """Decode a batch: a :class:`~.head_model.BatchPrediction` of the decoded entities
         ``(doc index, start, end_inclusive, label 1..M)`` with their raw confidences, each
         document's path probability, the candidates (with ``candidates_key``) and the
         constraint reports (where there are constraints)."""
+        return self._predict(docs, ())
+
+    def _predict(self, docs: Iterable[Doc], extra: Tuple[Constraint, ...]) -> BatchPrediction:
+        """:meth:`predict` with the constraints ``extra`` of a call added to the component's
+        and each document's."""
         docs = list(docs)
-        constraints = constraints_of_docs(
-            docs, self._constraints + self._call_constraints, self.labels, self.name)
+        constraints = constraints_of_docs(docs, self._constraints + extra, self.labels, self.name)
         options = DecodeOptions(path=True, candidates=self._candidates_key is not None,
                                 constraints=constraints)
         if not any(len(doc) for doc in docs):
-            return _empty_prediction(len(docs), options)
-        return self.model.predict(ModelInput(docs, filter_margin=self._filter_margin, options=options))
+            found = _empty_prediction(len(docs), options)
+        else:
+            found = self.model.predict(
+                ModelInput(docs, filter_margin=self._filter_margin, options=options))
+        return found if constraints is None else found._replace(constraints=constraints)
 
     def set_annotations(self, docs: Iterable[Doc], prediction: BatchPrediction) -> None:
         """Write the output of :meth:`predict`: the entities scoring at least ``threshold``
@@ -601,7 +603,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 self.name, self.spans_key,
             )
         entities, raw = prediction.spans, prediction.scores
-        keep = trim_whitespace(docs, entities, self._forced_spans)
+        keep = trim_whitespace(docs, entities, _decoded_forces(prediction.constraints))
         if keep is not None:
             entities, raw = entities[keep], raw[keep]
         scores = apply_calibration(self.calibration, raw, self._seen(docs, entities))
@@ -637,10 +639,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     def _forced_spans(self, doc: Doc) -> Set[Tuple[int, int]]:
         """The spans ``(start, end inclusive)`` that a ``force_span`` constraint of the
-        component, the call or ``doc`` makes an entity as they are."""
+        component or of ``doc`` makes an entity as they are."""
         # no warning about the document's invalid constraints: predict has given it
-        found = self._constraints + self._call_constraints + doc_own_constraints(
-            doc, self.labels, self.name, warn=False)
+        found = self._constraints + doc_own_constraints(doc, self.labels, self.name, warn=False)
         return {(c.start, c.end - 1) for c in found if isinstance(c, ForceSpan)}
 
     def _seen(self, docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:
@@ -699,7 +700,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         out: Dict[Tuple[Tuple[int, int, int], ...], float] = {}
         for seg in found:
             rows = numpy.array([(0, *span) for span in seg.spans], dtype="int64").reshape(-1, 4)
-            keep = trim_whitespace([doc], rows, self._forced_spans)
+            keep = trim_whitespace([doc], rows, lambda _: self._forced_spans(doc))
             rows = rows if keep is None else rows[keep]
             out.setdefault(tuple(map(tuple, rows[:, 1:].tolist())), seg.prob)
         return list(out.items())
@@ -839,23 +840,35 @@ def _undecodable(parts: Dict[str, bytes]) -> Optional[str]:
     return None
 
 
+def _decoded_forces(
+    constraints: Optional[List[Optional[DocConstraints]]],
+) -> Optional[Callable[[int], Set[Tuple[int, int]]]]:
+    """The forced spans ``(start, end inclusive)`` of the document of each index, from the
+    constraints it was decoded under."""
+    if constraints is None:
+        return None
+    return lambda d: set() if constraints[d] is None else {
+        (f.start, f.end) for f in constraints[d].program.forces}
+
+
 def trim_whitespace(
     docs: List[Doc],
     rows: numpy.ndarray,
-    forced: Optional[Callable[[Doc], Set[Tuple[int, int]]]] = None,
+    forced: Optional[Callable[[int], Set[Tuple[int, int]]]] = None,
 ) -> Optional[numpy.ndarray]:
     """Entity ``rows`` ``(doc, start, end inclusive, label)`` without whitespace tokens at
     their edges, as spaCy's ``ner`` never starts an entity on one: a head that learnt from text
     without such tokens may put one there (a double space before a name). The rows are trimmed
     in place; the return value is None when every row stays, else the indices of the rows to
-    keep (those of whitespace only are left out). ``forced(doc)`` gives the spans ``(start,
-    end)`` a constraint asked for, which stay as they are (read only where a row would change)."""
+    keep (those of whitespace only are left out). ``forced(d)`` gives the spans ``(start,
+    end)`` a constraint asked for in document ``d``, which stay as they are (read only where a
+    row would change)."""
     keep = None
     for i, (d, start, end) in enumerate(rows[:, :3].tolist()):
         doc = docs[d]
         if not (doc[start].is_space or doc[end].is_space):
             continue
-        if forced is not None and (start, end) in forced(doc):
+        if forced is not None and (start, end) in forced(d):
             continue
         while start <= end and doc[start].is_space:
             start += 1

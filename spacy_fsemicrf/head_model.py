@@ -29,6 +29,7 @@ from .averages import use_averaged_params
 from .serialize import UninitializedHead, deserialize_head, instantiate_head, serialize_head
 from .structured.compaction import to_device
 from .structured.constrained import ConstraintReport, empty_document_report
+from .structured.constraints import DocConstraints
 from .structured.heads import HEADS
 from .structured.prediction import DecodeOptions, Prediction
 
@@ -106,13 +107,15 @@ class BatchPrediction(NamedTuple):
     """A head's :class:`~.structured.prediction.Prediction` for a whole batch, in NumPy: the
     entities ``spans int64[N, 4]`` (rows ``doc, start, end_inclusive, label 1..M`` sorted by
     doc and start) with their confidences ``scores float32[N]``; ``path float32[B]`` (1 for an
-    empty document); ``candidates`` ``(rows, scores)``; ``reports`` one per document."""
+    empty document); ``candidates`` ``(rows, scores)``; ``reports`` one per document;
+    ``constraints`` what each document was decoded under (None where nothing)."""
 
     spans: numpy.ndarray
     scores: numpy.ndarray
     path: Optional[numpy.ndarray] = None
     candidates: Optional[Decoded] = None
     reports: Optional[List[Optional[ConstraintReport]]] = None
+    constraints: Optional[List[Optional[DocConstraints]]] = None
 
 
 def make_head_model(

@@ -510,7 +510,9 @@ def test_loading_with_other_training_settings_applies_them(trained_nlp, tmp_path
 
 def test_a_forced_span_keeps_its_whitespace_edges(trained_nlp):
     """A span a force_span constraint asks for is the user's, whitespace and all: only the
-    head's own entities are trimmed."""
+    head's own entities are trimmed. The forced spans are those the prediction was decoded
+    under."""
+    from spacy_fsemicrf.doc_constraints import constraints_of_docs
     from spacy_fsemicrf.head_model import BatchPrediction
 
     ner = trained_nlp.get_pipe("fsemicrf_ner")
@@ -519,8 +521,12 @@ def test_a_forced_span_keeps_its_whitespace_edges(trained_nlp):
     assert doc[2].is_space and doc[3].text == "Paris"
     doc.user_data["fsemicrf_constraints"] = [
         {"kind": "force_span", "start": 2, "end": 4, "label": "LOC"}]
+    decoded = trained_nlp(doc.copy())
+    assert [(e.start, e.end) for e in decoded.ents] == [(2, 4)]
+    assert decoded.spans["fsemicrf"].attrs["constraints"]["status"] != "infeasible"
+    under = constraints_of_docs([doc], (), ner.labels, ner.name)
     prediction = BatchPrediction(numpy.array([[0, 2, 3, loc]]), numpy.array([0.9], "float32"),
-                                 numpy.ones(1, dtype="float32"))
+                                 numpy.ones(1, dtype="float32"), constraints=under)
     ner.set_annotations([doc], prediction)
     assert [(e.start, e.end) for e in doc.ents] == [(2, 4)]
     doc = trained_nlp.make_doc("went to  Paris .")  # without the constraint: trimmed
@@ -545,7 +551,7 @@ def test_trim_whitespace_trims_each_edge_and_drops_whitespace_only_rows():
                         [0, 5, 6, 1],   # "France\n" -> France
                         [1, 1, 2, 1],   # forced as it is
                         [1, 4, 6, 2]])  # " France\n" -> France
-    keep = trim_whitespace(docs, rows, lambda doc: {(1, 2)} if doc is docs[1] else set())
+    keep = trim_whitespace(docs, rows, lambda d: {(1, 2)} if d == 1 else set())
     assert keep.tolist() == [0, 1, 3, 4, 5]
     assert rows[keep].tolist() == [[0, 0, 0, 1], [0, 2, 2, 1], [0, 5, 5, 1], [1, 1, 2, 1],
                                    [1, 5, 5, 2]]
