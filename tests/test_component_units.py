@@ -259,13 +259,13 @@ def test_pipe_hands_batch_errors_to_the_error_handler(initialized, monkeypatch):
     ner.set_error_handler(lambda name, proc, docs, e: seen.append((name, proc, docs, e)))
     boom = RuntimeError("boom")
 
-    def fail(docs):
+    def fail(docs, extra):
         raise boom
 
     try:
         docs = [nlp.make_doc("Paris"), nlp.make_doc("Rome")]
         with monkeypatch.context() as patched:
-            patched.setattr(ner, "predict", fail)
+            patched.setattr(ner, "_predict", fail)
             assert list(ner.pipe(docs)) == []
         assert len(seen) == 1
         name, proc, batch, err = seen[0]
