@@ -10,8 +10,9 @@ short of 1 when the head is trained with boundary smoothing (its targets put ``e
 and whose accuracy then rises steeply just below that ceiling; and one of those for entities
 whose text was an entity's text in the training data and one for the others
 (``by_novelty``): at the same raw confidence a name never seen in training is wrong more
-often, and new text has more unseen names than the development set. Each map keeps the order
-of the raw confidences (within seen and within unseen entities for ``by_novelty``). The map is
+often, and new text has more unseen names than the development set. No map reverses the order
+of the raw confidences (within seen and within unseen entities for ``by_novelty``; an isotonic
+map may give a range of them one value). The map is
 stored in the component's ``cfg`` and the hashes of the training entities' texts next to the
 weights (saved with the pipeline), so a loaded pipeline gives calibrated scores.
 
@@ -160,8 +161,9 @@ def fit_isotonic(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any]:
     mean raw confidence, valued by its share of correct entities shrunk towards the share of
     all of them, ``(correct + 2 * share) / (entities + 2)`` (the mean under a Beta prior worth
     two entities), so that no score is 0 or 1 because a small block happened to be all right or
-    all wrong; the map interpolates linearly between knots (and is flat beyond them), so it
-    keeps the order of the raw confidences within a step too."""
+    all wrong (steps that the prior brings level are merged into one value); the map
+    interpolates linearly between knots, falls linearly to 0 at a raw confidence of 0 below the
+    first and is flat above the last (:func:`apply_calibration`)."""
     x = numpy.asarray(raw, dtype="float64").reshape(-1)
     y = numpy.asarray(correct, dtype="float64").reshape(-1)
     values, first = numpy.unique(x, return_inverse=True)
@@ -213,9 +215,14 @@ def apply_calibration(
     if calibration["method"] == "platt":
         z = calibration["slope"] * _logit(raw) + calibration["intercept"]
         return (0.5 * (1.0 + numpy.tanh(0.5 * z))).astype("float32")  # sigmoid, overflow-free
-    if not calibration["x"]:
+    x, y = calibration["x"], calibration["y"]
+    if not x:
         return raw
-    return numpy.interp(raw, calibration["x"], calibration["y"]).astype("float32")
+    if x[0] > 0:
+        # fitted on decoded entities, the map also scores candidates of far lower raw
+        # confidence: flat below its first knot, it gave them that knot's probability
+        x, y = [0.0] + list(x), [0.0] + list(y)
+    return numpy.interp(raw, x, y).astype("float32")
 
 
 def needs_novelty(calibration: Optional[Dict[str, Any]]) -> bool:
@@ -294,8 +301,9 @@ def unannotated(doc: Doc) -> Doc:
 def raw_outcomes(
     nlp: Language, component: str, gold_docs: Iterable[Doc]
 ) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
-    """``(raw confidences, correct, seen)`` of the entities ``component`` predicts on the
-    tokens of ``gold_docs`` (before any threshold) that spaCy's NER scorer counts: an entity
+    """``(raw confidences, correct, seen)`` of the entities ``component`` writes on the
+    tokens of ``gold_docs`` (trimmed of whitespace, before any threshold) that spaCy's NER
+    scorer counts: an entity
     that covers a token without gold entity annotation is neither right nor wrong there, and is
     left out (so is every entity of a document without entity annotation). Correct when its
     span and label are a gold entity, seen when its text is an entity's text in the
@@ -308,15 +316,16 @@ def raw_outcomes(
     for batch in minibatch(list(gold_docs), PREDICT_BATCH):
         with nlp.select_pipes(enable=before):
             docs = list(nlp.pipe(unannotated(doc) for doc in batch))
-        out = pipe.predict(docs)
-        rows = out.spans.tolist()
+        # the entities as the component writes them (trimmed of whitespace), not as decoded
+        entities, raw = pipe.written_entities(docs, pipe.predict(docs))
+        rows = entities.tolist()
         # as in spacy.scorer.get_ner_prf: ENT_IOB 0 is a token whose annotation is missing
         missing = [doc.to_array("ENT_IOB") == 0 for doc in batch]
         scored = numpy.asarray(
             [not missing[i][start:end + 1].any() for i, start, end, _ in rows], dtype=bool
         ).reshape(-1)
-        raws.append(out.scores[scored])
-        seen.append(seen_flags(docs, out.spans[scored], pipe.seen_entities))
+        raws.append(raw[scored])
+        seen.append(seen_flags(docs, entities[scored], pipe.seen_entities))
         labels = pipe.labels
         gold = [{(e.start, e.end - 1, e.label_) for e in doc.ents} for doc in batch]
         correct.extend(

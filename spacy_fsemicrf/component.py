@@ -602,10 +602,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 "set: python -m spacy_fsemicrf calibrate MODEL DEV.spacy",
                 self.name, self.spans_key,
             )
-        entities, raw = prediction.spans, prediction.scores
-        keep = trim_whitespace(docs, entities, _decoded_forces(prediction.constraints))
-        if keep is not None:
-            entities, raw = entities[keep], raw[keep]
+        entities, raw = self.written_entities(docs, prediction)
         scores = apply_calibration(self.calibration, raw, self._seen(docs, entities))
         reports = prediction.reports or [None] * len(docs)
         if self._threshold > 0:
@@ -636,6 +633,19 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             candidates = _span_groups(docs, self._candidates_key, rows, cand_scores, labels)
             for doc, (_, group) in zip(docs, candidates):
                 doc.spans[self._candidates_key] = group
+
+    def written_entities(
+        self, docs: List[Doc], prediction: BatchPrediction
+    ) -> Tuple[numpy.ndarray, numpy.ndarray]:
+        """The entity rows ``(doc, start, end inclusive, label)`` of ``prediction`` as
+        :meth:`set_annotations` writes them before its threshold, and their raw confidences:
+        trimmed of whitespace (:func:`trim_whitespace`: those of whitespace only are left out;
+        the rows of ``prediction`` are trimmed in place)."""
+        entities, raw = prediction.spans, prediction.scores
+        keep = trim_whitespace(docs, entities, _decoded_forces(prediction.constraints))
+        if keep is not None:
+            entities, raw = entities[keep], raw[keep]
+        return entities, raw
 
     def _forced_spans(self, doc: Doc) -> Set[Tuple[int, int]]:
         """The spans ``(start, end inclusive)`` that a ``force_span`` constraint of the

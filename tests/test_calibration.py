@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from spacy.cli.train import train
 from spacy.scorer import get_ner_prf
-from spacy.tokens import DocBin
+from spacy.tokens import DocBin, Span
 from spacy.training import Example
 
 from spacy_fsemicrf import calibration
@@ -349,13 +349,27 @@ def test_isotonic_recovers_a_non_logistic_map_and_keeps_the_order():
     numpy.testing.assert_allclose(apply_calibration(fitted, grid), capped_truth(grid), atol=0.05)
     everywhere = numpy.linspace(0, 1, 10_001, dtype="float32")
     out = apply_calibration(fitted, everywhere)
-    assert numpy.all(numpy.diff(out) >= 0) and out.min() > 0 and out.max() < 1
+    # no score of 0 or 1 but at a raw confidence of 0, where the map falls to 0
+    assert numpy.all(numpy.diff(out) >= 0) and out[1:].min() > 0 and out.max() < 1
+    assert out[0] == 0.0
     # between two knots of different scores the order of the raw scores is kept
     x, y = numpy.asarray(fitted["x"]), numpy.asarray(fitted["y"])
     rising = numpy.flatnonzero(numpy.diff(y) > 0)
     assert len(rising) > 10
     between = x[rising, None] + (x[rising + 1] - x[rising])[:, None] * numpy.array([0.25, 0.5, 0.75])
     assert numpy.all(numpy.diff(apply_calibration(fitted, between.astype("float32")), axis=1) > 0)
+
+
+def test_an_isotonic_map_falls_to_zero_below_its_first_knot():
+    """Fitted on decoded entities, a map also scores candidates of far lower raw confidence:
+    below its first knot it falls linearly to 0 at a raw confidence of 0 (flat, it gave a
+    candidate of marginal 0.02 the 0.65 of an entity of 0.38); flat above its last knot."""
+    fitted = {"method": "isotonic", "x": [0.4, 0.8], "y": [0.6, 0.9]}
+    out = apply_calibration(fitted, numpy.array([0.0, 0.02, 0.2, 0.4, 0.6, 0.8, 1.0]))
+    assert out.tolist() == pytest.approx([0.0, 0.03, 0.3, 0.6, 0.75, 0.9, 0.9])
+    starts_at_zero = {"method": "isotonic", "x": [0.0, 0.5], "y": [0.2, 0.6]}
+    assert apply_calibration(starts_at_zero, numpy.array([0.0, 0.25])).tolist() == \
+        pytest.approx([0.2, 0.4])
 
 
 @pytest.mark.parametrize("truth, method", [(logistic_truth, "platt"), (capped_truth, "isotonic")])
@@ -597,6 +611,30 @@ def test_entities_on_tokens_without_annotation_are_left_out_as_the_scorer_does(s
     assert (fitted["n_entities"], fitted["n_correct"]) == (len(scored), int(correct.sum()))
 
 
+def test_the_fit_counts_the_entities_as_written_trimmed_of_whitespace(small_nlp, tmp_path,
+                                                                     monkeypatch):
+    """The component writes its entities trimmed of whitespace (one of whitespace only not at
+    all): the fit counts those, not the decoded spans, which could be wrong where the written
+    entity is right."""
+    from spacy_fsemicrf.head_model import BatchPrediction
+
+    nlp = _copy(small_nlp, tmp_path)
+    ner = nlp.get_pipe("fsemicrf_ner")
+    loc = ner.labels.index("LOC") + 1
+    gold = nlp.make_doc("went to  Paris .")  # token 2 is a space
+    gold.set_ents([Span(gold, 3, 4, "LOC")], default="outside")
+    decoded = BatchPrediction(numpy.array([[0, 2, 3, loc], [0, 4, 4, loc]]),  # " Paris", "."
+                              numpy.array([0.9, 0.2], "float32"), numpy.ones(1, "float32"))
+    space = BatchPrediction(numpy.array([[0, 2, 2, loc]]), numpy.array([0.3], "float32"),
+                            numpy.ones(1, "float32"))
+    monkeypatch.setattr(ner, "predict", lambda docs: decoded)
+    raw, correct, _ = raw_outcomes(nlp, "fsemicrf_ner", [gold])
+    assert raw.tolist() == pytest.approx([0.9, 0.2]) and correct.tolist() == [True, False]
+    monkeypatch.setattr(ner, "predict", lambda docs: space)
+    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", [gold])
+    assert raw.size == correct.size == seen.size == 0
+
+
 def test_the_command_saves_nothing_without_entities_to_fit(small_nlp, tmp_path, capsys):
     """It crashed on a pipeline without a map, and on one with a map reported the old map's
     counts as a new fit and saved the pipeline again."""
@@ -725,8 +763,8 @@ def test_no_warning_about_the_map_while_training_but_once_after_loading(small_nl
 
 
 NOVELTY_MAP = {"method": "by_novelty",  # seen entities score 0.9, unseen ones 0.2
-               "seen": {"method": "isotonic", "x": [0.5], "y": [0.9]},
-               "unseen": {"method": "isotonic", "x": [0.5], "y": [0.2]}}
+               "seen": {"method": "isotonic", "x": [0.0], "y": [0.9]},
+               "unseen": {"method": "isotonic", "x": [0.0], "y": [0.2]}}
 NEW_NAMES = ["Laura Palmer met Zoe Quill in Berlin .", "Kevin Smythe flew to Oslo .",
              "Apple hired Anna Lee in Paris ."]
 
