@@ -337,6 +337,11 @@ def raw_outcomes(
     return numpy.concatenate(raws), numpy.asarray(correct, dtype=bool), numpy.concatenate(seen)
 
 
+FEW_ENTITIES = 100
+"""Below this many predicted entities, :func:`calibrate_component` warns that its map is
+fitted on few."""
+
+
 def calibrate_component(
     nlp: Language, component: str, gold_docs: Iterable[Doc]
 ) -> Optional[Dict[str, Any]]:
@@ -346,7 +351,9 @@ def calibrate_component(
     annotation are left out (with a warning), as from the training loss: their predicted
     entities would all count as wrong. In partly annotated documents, predicted entities that
     cover a token without annotation are left out, as spaCy's NER scorer leaves them out
-    (:func:`raw_outcomes`)."""
+    (:func:`raw_outcomes`). It warns when the documents have no gold entity of one of the
+    component's labels (not annotated with it?) and when it fits on fewer than
+    :data:`FEW_ENTITIES` entities."""
     pipe = nlp.get_pipe(component)
     if not hasattr(pipe, "calibration"):
         raise ValueError(f"'{component}' is not an fsemicrf_ner component")
@@ -355,10 +362,19 @@ def calibrate_component(
     if len(annotated) < len(docs):
         logger.warning("%s: %d of the %d calibration documents have no entity annotation and "
                        "are left out", component, len(docs) - len(annotated), len(docs))
+    absent = sorted(set(pipe.labels) - {e.label_ for doc in annotated for e in doc.ents})
+    if annotated and absent:
+        logger.warning("%s: the calibration documents have no gold entity labelled %s; if they "
+                       "are not annotated with these labels, mark those tokens as missing "
+                       "(Doc.set_ents(missing=...)), or each such prediction counts as wrong",
+                       component, ", ".join(absent))
     raw, correct, seen = raw_outcomes(nlp, component, annotated)
     if raw.size == 0:
         logger.warning("%s: no predicted entities to calibrate on; the map is unchanged", component)
         return None
+    if raw.size < FEW_ENTITIES:
+        logger.warning("%s: the map is fitted on %d predicted entities only; a few hundred make "
+                       "a usable one", component, raw.size)
     pipe.calibration = fit_calibration(raw, correct, seen if pipe.seen_entities.size else None)
     return pipe.calibration
 

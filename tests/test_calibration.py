@@ -27,6 +27,7 @@ from spacy.training import Example
 
 from spacy_fsemicrf import calibration
 from spacy_fsemicrf.calibration import (
+    FEW_ENTITIES,
     MIN_GROUP,
     apply_calibration,
     calibrate_component,
@@ -584,6 +585,33 @@ def test_documents_without_entity_annotation_are_left_out_of_the_fit(small_nlp, 
         assert calibrate_component(nlp, "fsemicrf_ner", bare) is None
     assert nlp.get_pipe("fsemicrf_ner").calibration == mixed  # unchanged
     assert any("the map is unchanged" in r.getMessage() for r in caplog.records)
+
+
+def test_the_fit_warns_about_few_entities_and_labels_without_gold(small_nlp, tmp_path, caplog):
+    """A dev set of a few entities, or annotated with some labels only, fits a poor map: the
+    fit says so (a dev set annotated with PER only, the other labels' tokens marked outside,
+    counted every LOC and ORG prediction as wrong)."""
+    nlp = _copy(small_nlp, tmp_path)
+    gold = [eg.reference for eg in make_examples(nlp)]
+    per_only = []
+    for doc in gold:
+        doc = doc.copy()
+        doc.set_ents([e for e in doc.ents if e.label_ == "PER"], default="outside")
+        per_only.append(doc)
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        calibrate_component(nlp, "fsemicrf_ner", per_only)
+    n = raw_outcomes(nlp, "fsemicrf_ner", per_only)[0].size
+    assert 0 < n < FEW_ENTITIES
+    assert [r.getMessage() for r in caplog.records] == [
+        "fsemicrf_ner: the calibration documents have no gold entity labelled LOC, ORG; if "
+        "they are not annotated with these labels, mark those tokens as missing "
+        "(Doc.set_ents(missing=...)), or each such prediction counts as wrong",
+        f"fsemicrf_ner: the map is fitted on {n} predicted entities only; a few hundred make a "
+        "usable one"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        calibrate_component(nlp, "fsemicrf_ner", gold * (FEW_ENTITIES // n + 1))
+    assert not caplog.records
 
 
 def test_entities_on_tokens_without_annotation_are_left_out_as_the_scorer_does(small_nlp,
