@@ -15,8 +15,6 @@ from typing import Any, Dict, List
 
 __version__ = "0.1.0"
 
-from . import fork_safety  # noqa: E402,F401  (forked workers run PyTorch on one thread)
-
 # public name -> the module that defines it
 _LAZY: Dict[str, str] = {
     "DEFAULT_MODELS": "component",

@@ -29,6 +29,7 @@ from spacy.vocab import Vocab
 from thinc.api import Config, Model, Optimizer, set_dropout_rate
 
 from . import architectures  # noqa: F401  (registers the architectures)
+from . import fork_safety
 from .architectures import ModelInput, model_is_initialized, model_nbest, model_torch_head
 from .augment import AUGMENTED
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
@@ -43,9 +44,6 @@ from .structured.nbest import Segmentation
 from .structured.prediction import DecodeOptions
 
 logger = logging.getLogger("spacy_fsemicrf")
-
-# every process that holds this component has imported this module, before any fork
-remember_msgpack_lookups()
 
 DEFAULT_SPANS_KEY = "fsemicrf"
 MAX_NBEST = 1024
@@ -220,6 +218,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.candidates_key = candidates_key
         self.constraints = constraints or []
         self._warned_uncalibrated = False  # (initialize and loading set it)
+        # this process may now fork workers that run the head (nlp.pipe(n_process=N)) and
+        # serialise documents by the thousand; a process without the component (spaCy imports
+        # this module through its entry points in any pipeline) is left as it is
+        fork_safety.register()
+        remember_msgpack_lookups()
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
         self.n_misaligned_dropped = 0

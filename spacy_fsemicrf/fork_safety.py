@@ -8,8 +8,10 @@ predicted. With one thread the child never enters the pool; that is also the rig
 N worker processes sharing N cores (PyTorch's own DataLoader workers do the same). A forked
 child also keeps the memory it frees for its next batch (:mod:`spacy_fsemicrf.worker_heap`).
 
-Importing the package registers the handler (``spacy_fsemicrf/__init__.py``), so every process
-that can hold an ``fsemicrf_ner`` pipeline has it before it forks.
+Making an ``fsemicrf_ner`` component registers the handler (loading a pipeline that has one
+makes it), so a process that holds such a pipeline has it before it forks; other processes,
+where installing the package makes spaCy import it through its entry points, keep their
+children as they are.
 """
 import os
 
@@ -35,6 +37,3 @@ def register() -> None:
         return
     os.register_at_fork(after_in_child=one_thread_in_child)
     _registered = True
-
-
-register()

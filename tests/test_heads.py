@@ -477,14 +477,18 @@ def test_the_structured_layer_does_not_import_spacy():
     run_python_printing_ok(code)
 
 
-def test_importing_the_component_remembers_the_msgpack_lookups():
+def test_making_the_component_remembers_the_msgpack_lookups():
     """The processes ``nlp.pipe(n_process=N)`` forks inherit srsly's remembered lookups, because
-    any process with the component has imported its module."""
+    any process with the component has made it; a process without it (spaCy imports the
+    package through its entry points for any pipeline) keeps srsly as it is."""
     code = (
         "from srsly.msgpack import msgpack_encoders\n"
         "assert not getattr(msgpack_encoders.get_all, 'remembers', False)\n"
         "import spacy\n"
+        "import spacy_fsemicrf.component\n"
         "nlp = spacy.blank('en')\n"
+        "nlp.add_pipe('ner')\n"
+        "assert not getattr(msgpack_encoders.get_all, 'remembers', False)\n"
         "nlp.add_pipe('fsemicrf_ner')  # found through the entry point\n"
         "assert msgpack_encoders.get_all.remembers and not msgpack_encoders.entry_points\n"
         "print('ok')\n"

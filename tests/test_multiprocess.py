@@ -89,18 +89,26 @@ def check_same_output(model_dir: Path, *, expect_entities: bool = True) -> None:
         assert b["scores"] == pytest.approx(a["scores"], abs=1e-5)
 
 
-def test_forked_children_run_pytorch_on_one_thread():
+def test_forked_children_run_pytorch_on_one_thread_once_the_process_holds_the_component():
+    """A process that makes an fsemicrf_ner component forks children that run PyTorch on one
+    thread; before that (spaCy imports the package through its entry points in any pipeline,
+    here a blank one with spaCy's ner) its children keep the parent's setting."""
     code = (
-        "import json, multiprocessing, torch\n"
+        "import json, multiprocessing, torch, spacy\n"
         "import spacy_fsemicrf\n"
         "torch.set_num_threads(2)\n"
         "torch.ones(256, 256) @ torch.ones(256, 256)\n"
         "ctx = multiprocessing.get_context('fork')\n"
+        "nlp = spacy.blank('en')\n"
+        "nlp.add_pipe('ner')\n"
+        "with ctx.Pool(1) as pool:\n"
+        "    before = pool.apply(torch.get_num_threads)\n"
+        "nlp.add_pipe('fsemicrf_ner')\n"
         "with ctx.Pool(1) as pool:\n"
         "    child = pool.apply(torch.get_num_threads)\n"
-        "print(json.dumps({'parent': torch.get_num_threads(), 'child': child}))\n"
+        "print(json.dumps({'parent': torch.get_num_threads(), 'before': before, 'child': child}))\n"
     )
-    assert run_python(code) == {"parent": 2, "child": 1}
+    assert run_python(code) == {"parent": 2, "before": 2, "child": 1}
 
 
 def test_pipe_n_process_on_a_loaded_cnn_pipeline(trained_nlp, tmp_path):
