@@ -218,11 +218,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.candidates_key = candidates_key
         self.constraints = constraints or []
         self._warned_uncalibrated = False  # (initialize and loading set it)
-        # this process may now fork workers that run the head (nlp.pipe(n_process=N)) and
-        # serialise documents by the thousand; a process without the component (spaCy imports
-        # this module through its entry points in any pipeline) is left as it is
-        fork_safety.register()
-        remember_msgpack_lookups()
+        _prepare_process()
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
         self.n_misaligned_dropped = 0
@@ -439,6 +435,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if losses is None:
             losses = {}
         losses.setdefault(self.name, 0.0)
+        _prepare_process()  # (an unpickled component was never __init__-ed)
         examples = list(examples)
         validate_examples(examples, "FSemiCRFEntityRecognizer.update")
         if not examples:
@@ -578,6 +575,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
     def _predict(self, docs: Iterable[Doc], extra: Tuple[Constraint, ...]) -> BatchPrediction:
         """:meth:`predict` with the constraints ``extra`` of a call added to the component's
         and each document's."""
+        _prepare_process()  # (an unpickled component was never __init__-ed)
         docs = list(docs)
         constraints = constraints_of_docs(docs, self._constraints + extra, self.labels, self.name)
         options = DecodeOptions(path=True, candidates=self._candidates_key is not None,
@@ -642,9 +640,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
     ) -> Tuple[numpy.ndarray, numpy.ndarray]:
         """The entity rows ``(doc, start, end inclusive, label)`` of ``prediction`` as
         :meth:`set_annotations` writes them before its threshold, and their raw confidences:
-        trimmed of whitespace (:func:`trim_whitespace`: those of whitespace only are left out;
-        the rows of ``prediction`` are trimmed in place)."""
-        entities, raw = prediction.spans, prediction.scores
+        trimmed of whitespace (:func:`trim_whitespace`: those of whitespace only are left out).
+        ``prediction`` stays as it is, so that it can be read again."""
+        entities, raw = prediction.spans.copy(), prediction.scores
         keep = trim_whitespace(docs, entities, _decoded_forces(prediction.constraints))
         if keep is not None:
             entities, raw = entities[keep], raw[keep]
@@ -806,6 +804,21 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"The saved '{self.name}' model predicts {n_head} labels but its cfg lists "
                 f"{len(self.labels)} ({list(self.labels)}): the saved pipeline is inconsistent."
             )
+
+
+_process_prepared = False
+
+
+def _prepare_process() -> None:
+    """Set this process up to fork workers that run the head (``nlp.pipe(n_process=N)``,
+    :mod:`.fork_safety`) and serialise documents by the thousand (:mod:`.msgpack_lookups`):
+    once, when it makes, trains or runs a component. A process without one (spaCy imports
+    this module through its entry points for any pipeline) is left as it is."""
+    global _process_prepared
+    if not _process_prepared:
+        fork_safety.register()
+        remember_msgpack_lookups()
+        _process_prepared = True
 
 
 def _reached_a_power_of_ten(before: int, after: int) -> bool:

@@ -8,8 +8,8 @@ predicted. With one thread the child never enters the pool; that is also the rig
 N worker processes sharing N cores (PyTorch's own DataLoader workers do the same). A forked
 child also keeps the memory it frees for its next batch (:mod:`spacy_fsemicrf.worker_heap`).
 
-Making an ``fsemicrf_ner`` component registers the handler (loading a pipeline that has one
-makes it), so a process that holds such a pipeline has it before it forks; other processes,
+Making, training or running an ``fsemicrf_ner`` component registers the handler (an unpickled
+one was never made), so a process that has run such a pipeline has it before it forks; others,
 where installing the package makes spaCy import it through its entry points, keep their
 children as they are.
 """

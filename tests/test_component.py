@@ -623,3 +623,20 @@ def test_nbest_searches_on_for_k_distinct_entity_sets_up_to_its_limit(trained_nl
     for bad in (0, 5, True, 2.0):
         with pytest.raises(ValueError, match="^k must be a positive integer up to 4, got"):
             ner.nbest(doc, bad)
+
+
+def test_written_entities_leave_the_prediction_as_it_is(trained_nlp):
+    """Calibration and set_annotations both read a prediction's written entities: the first
+    reading trimmed the rows in place, and a row of whitespace only at a document's end then
+    pointed past it."""
+    from spacy_fsemicrf.head_model import BatchPrediction
+
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    doc = trained_nlp.make_doc("went to \n")  # token 2 is a space
+    prediction = BatchPrediction(numpy.array([[0, 0, 0, 1], [0, 2, 2, 1]]),
+                                 numpy.array([0.9, 0.5], "float32"), numpy.ones(1, "float32"))
+    rows, raw = ner.written_entities([doc], prediction)
+    assert rows.tolist() == [[0, 0, 0, 1]] and raw.tolist() == pytest.approx([0.9])
+    assert prediction.spans.tolist() == [[0, 0, 0, 1], [0, 2, 2, 1]]
+    ner.set_annotations([doc], prediction)
+    assert [(e.start, e.end) for e in doc.ents] == [(0, 1)]

@@ -130,3 +130,31 @@ def test_pipe_n_process_on_a_loaded_transformer_pipeline(tmp_path):
         nlp.update(examples, sgd=optimizer)
     nlp.to_disk(tmp_path / "trf")
     check_same_output(tmp_path / "trf")
+
+
+def test_an_unpickled_pipeline_prepares_its_process_before_it_forks(trained_nlp):
+    """Unpickling does not run the component's __init__ (spawned n_process workers, joblib and
+    celery payloads get their pipeline so): its first prediction prepares the process, so that
+    its forked children run PyTorch on one thread (else n_process hung after it predicted)."""
+    import pickle
+
+    code = (
+        "import json, multiprocessing, pickle, sys, torch\n"
+        "from srsly.msgpack import msgpack_encoders\n"
+        "nlp = pickle.loads(bytes.fromhex(sys.stdin.read()))\n"
+        "from spacy_fsemicrf import fork_safety\n"
+        "before = fork_safety._registered\n"
+        "torch.set_num_threads(2)\n"
+        "nlp('Mary flew to Berlin .')\n"
+        "ctx = multiprocessing.get_context('fork')\n"
+        "with ctx.Pool(1) as pool:\n"
+        "    child = pool.apply(torch.get_num_threads)\n"
+        "print(json.dumps({'before': before, 'child': child,\n"
+        "                  'remembered': msgpack_encoders.get_all.remembers}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(trained_nlp).hex(),
+                          env=default_thread_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "before": False, "child": 1, "remembered": True}
