@@ -343,7 +343,7 @@ fitted on few."""
 
 
 def calibrate_component(
-    nlp: Language, component: str, gold_docs: Iterable[Doc]
+    nlp: Language, component: str, gold_docs: Iterable[Doc], warn_poor_fit: bool = True
 ) -> Optional[Dict[str, Any]]:
     """Fit the calibration map of ``nlp``'s ``component`` on the held-out ``gold_docs`` (with
     their gold entities), store it in the component and return it; None, with a warning and
@@ -351,9 +351,9 @@ def calibrate_component(
     annotation are left out (with a warning), as from the training loss: their predicted
     entities would all count as wrong. In partly annotated documents, predicted entities that
     cover a token without annotation are left out, as spaCy's NER scorer leaves them out
-    (:func:`raw_outcomes`). It warns when the documents have no gold entity of one of the
-    component's labels (not annotated with it?) and when it fits on fewer than
-    :data:`FEW_ENTITIES` entities."""
+    (:func:`raw_outcomes`). With ``warn_poor_fit``, it warns when the documents have no gold
+    entity of one of the component's labels (not annotated with it?) and when it fits on fewer
+    than :data:`FEW_ENTITIES` predicted entities."""
     pipe = nlp.get_pipe(component)
     if not hasattr(pipe, "calibration"):
         raise ValueError(f"'{component}' is not an fsemicrf_ner component")
@@ -363,7 +363,7 @@ def calibrate_component(
         logger.warning("%s: %d of the %d calibration documents have no entity annotation and "
                        "are left out", component, len(docs) - len(annotated), len(docs))
     absent = sorted(set(pipe.labels) - {e.label_ for doc in annotated for e in doc.ents})
-    if annotated and absent:
+    if warn_poor_fit and annotated and absent:
         logger.warning("%s: the calibration documents have no gold entity labelled %s; if they "
                        "are not annotated with these labels, mark those tokens as missing "
                        "(Doc.set_ents(missing=...)), or each such prediction counts as wrong",
@@ -372,7 +372,7 @@ def calibrate_component(
     if raw.size == 0:
         logger.warning("%s: no predicted entities to calibrate on; the map is unchanged", component)
         return None
-    if raw.size < FEW_ENTITIES:
+    if warn_poor_fit and raw.size < FEW_ENTITIES:
         logger.warning("%s: the map is fitted on %d predicted entities only; a few hundred make "
                        "a usable one", component, raw.size)
     pipe.calibration = fit_calibration(raw, correct, seen if pipe.seen_entities.size else None)
@@ -393,6 +393,7 @@ def make_calibrate_callback(
     that file, once). Without ``component``, every component made by the ``fsemicrf_ner``
     factory, whatever its name, each its own map; a ``ValueError`` when there is none."""
     docbin: List[DocBin] = []
+    saves = [0]  # how many so far
 
     def calibrate_before_to_disk(nlp: Language) -> Language:
         names = [component] if component is not None else fsemicrf_components(nlp)
@@ -402,8 +403,11 @@ def make_calibrate_callback(
         if not docbin:
             docbin.append(DocBin().from_disk(dev_path))
         for name in names:
-            # get_docs is a generator, read once: a new one per component
-            calibrate_component(nlp, name, docbin[0].get_docs(nlp.vocab))
+            # get_docs is a generator, read once: a new one per component. A poor fit is
+            # reported at the first save only, not at every one
+            calibrate_component(nlp, name, docbin[0].get_docs(nlp.vocab),
+                                warn_poor_fit=saves[0] == 0)
+        saves[0] += 1
         return nlp
 
     return calibrate_before_to_disk

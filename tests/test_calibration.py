@@ -998,3 +998,16 @@ def test_the_benchmark_measures():
     assert out["brier"] == pytest.approx(numpy.mean((scores - correct) ** 2))
     assert out["share_ge_0999"] == 0.0 and out["n_correct"] == 3
     assert out["pr_curve"][0] == {"threshold": 0.0, "precision": 0.6, "recall": 0.75}
+
+
+def test_the_callback_reports_a_poor_fit_at_its_first_save_only(small_nlp, tmp_path, caplog):
+    """spacy train saves after every evaluation: the warnings about a small dev set came at
+    each save."""
+    nlp = _copy(small_nlp, tmp_path)
+    dev_path = write_corpus(tmp_path / "dev.spacy", nlp)
+    callback = make_calibrate_callback(dev_path)
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        for _ in range(3):
+            callback(nlp)
+    assert nlp.get_pipe("fsemicrf_ner").calibration is not None
+    assert len([r for r in caplog.records if "predicted entities only" in r.getMessage()]) == 1
