@@ -35,8 +35,9 @@ from .augment import AUGMENTED
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
 from .doc_constraints import check_constraints, constraints_of_docs, doc_own_constraints
 from .scorer import ner_score
-from .structured.constrained import empty_document_report
-from .structured.constraints import Constraint, DocConstraints, ForceSpan, constraints_to_dicts
+from .structured.constrained import ConstraintReport, empty_document_report
+from .structured.constraints import (
+    Constraint, DocConstraints, ForceSpan, constraints_to_dicts, satisfies)
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
 from .structured.heads import HEADS
@@ -163,7 +164,8 @@ def make_fsemicrf_ner(
     threshold (float): predicted entities scoring below it are left out of doc.ents and
         doc.spans[spans_key]; 0 keeps every decoded entity. The scores are calibrated when
         the pipeline carries a calibration map (spacy_fsemicrf.calibration), raw otherwise.
-        A document whose constraints hold keeps all its entities (the constraints decide).
+        A document whose constraints hold keeps all its entities if they would not hold on
+        those above the threshold (a forced span, a count that needs a low-scoring entity).
     candidates_key (Optional[str]): ``doc.spans`` key for the candidates the head considered
         (the filtered head's kept nodes; the other heads' spans of marginal above 0.01, and the
         decoded entities), with their scores; None (the default) leaves them out.
@@ -590,7 +592,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
     def set_annotations(self, docs: Iterable[Doc], prediction: BatchPrediction) -> None:
         """Write the output of :meth:`predict`: the entities scoring at least ``threshold``
         (calibrated scores with a calibration map, raw confidences without; every entity of a
-        document whose constraints hold) to
+        document whose constraints hold only with its entities below it) to
         ``doc.spans[spans_key]`` and ``doc.ents``, the path probability, the constraint
         reports, the candidates. No entity starts or ends on a whitespace token
         (:func:`trim_whitespace`)."""
@@ -607,11 +609,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         scores = apply_calibration(self.calibration, raw, self._seen(docs, entities))
         reports = prediction.reports or [None] * len(docs)
         if self._threshold > 0:
-            # the constraints decide the entities of a document they hold on: leaving one out
-            # could break them (a forced span, a count)
-            held = numpy.array([r is not None and r.status != "infeasible" for r in reports],
-                               dtype=bool)
-            keep = (scores >= self._threshold) | held[entities[:, 0]]
+            keep = scores >= self._threshold
+            if prediction.constraints is not None and not keep.all():
+                keep |= _held_by_constraints(docs, entities, keep, reports, prediction.constraints)
             entities, scores = entities[keep], scores[keep]
         labels = [self.vocab.strings.add(label) for label in self.labels]
         key = self.spans_key
@@ -819,6 +819,28 @@ def _prepare_process() -> None:
         fork_safety.register()
         remember_msgpack_lookups()
         _process_prepared = True
+
+
+def _held_by_constraints(
+    docs: List[Doc],
+    entities: numpy.ndarray,
+    keep: numpy.ndarray,
+    reports: List[Optional[ConstraintReport]],
+    constraints: List[Optional[DocConstraints]],
+) -> numpy.ndarray:
+    """The entity rows a threshold may not leave out: every row of a document whose
+    constraints hold (its report is not infeasible) but would not hold on the rows ``keep``
+    keeps (a forced span, a count or a ``requires`` that needs a low-scoring entity)."""
+    held = numpy.zeros(len(keep), dtype=bool)
+    bounds = _doc_bounds(entities, len(docs))
+    for d, (doc, report, found) in enumerate(zip(docs, reports, constraints)):
+        lo, hi = bounds[d], bounds[d + 1]
+        if found is None or report is None or report.status == "infeasible" or keep[lo:hi].all():
+            continue
+        kept = [tuple(row) for row in entities[lo:hi, 1:][keep[lo:hi]].tolist()]
+        if not satisfies(found.program, kept, len(doc), found.sentence_starts):
+            held[lo:hi] = True
+    return held
 
 
 def _reached_a_power_of_ten(before: int, after: int) -> bool:

@@ -212,20 +212,28 @@ def test_the_written_entities_obey_the_constraints_on_text_with_whitespace_token
 
 def test_the_threshold_leaves_the_entities_of_a_document_whose_constraints_hold(trained):
     """A threshold would break a constraint by leaving out what it asked for (here a forced
-    span the model gives a low score): the constraints decide the entities of a document they
-    hold on, and an infeasible document is thresholded as usual."""
+    span the model gives a low score): then the document keeps all its entities. A constraint
+    that leaving entities out cannot break (an at_most) leaves the threshold as it is, and an
+    infeasible document is thresholded as usual."""
     ner = trained.get_pipe("fsemicrf_ner")
     force = [{"kind": "force_span", "start": 2, "end": 4, "label": "LOC"}]  # "works for"
     cfg = {"fsemicrf_ner": {"constraints": force}}
     free = trained(TWO_ORGS, component_cfg=cfg)
+    loose = {"fsemicrf_ner": {"constraints": [
+        {"kind": "at_most", "label": "ORG", "n": 100, "scope": "doc"}]}}
     ner.threshold = 1.0
     try:
         doc = trained(TWO_ORGS, component_cfg=cfg)
         impossible = [{"kind": "at_least", "label": "PER", "n": 5, "scope": "doc"}]
         infeasible = trained("John Smith .", component_cfg={"fsemicrf_ner": {
             "constraints": impossible}})
+        unbound = trained(TWO_ORGS, component_cfg=loose)
     finally:
         ner.threshold = 0.0
+    assert unbound.spans["fsemicrf"].attrs["constraints"]["status"] == "satisfied"
+    scores = trained(TWO_ORGS, component_cfg=loose).spans["fsemicrf"].attrs["scores"]
+    assert (scores < 1.0).any()
+    assert len(unbound.ents) == int((scores >= 1.0).sum())
     assert doc.spans["fsemicrf"].attrs["constraints"]["status"] != "infeasible"
     assert ("works for", "LOC") in [(e.text, e.label_) for e in doc.ents]
     assert [(e.start, e.end, e.label_) for e in doc.ents] == [
