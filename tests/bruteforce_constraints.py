@@ -91,6 +91,30 @@ def plain_ok(
     return True
 
 
+def written_ok(
+    constraints: Sequence[Constraint],
+    labels: Sequence[str],
+    spans: Sequence[Span],
+    length: int,
+    sentence_starts: Sequence[int] = (),
+    spaces: Sequence[int] = (),
+) -> bool:
+    """Whether ``spans`` obey every constraint once trimmed of the tokens ``spaces`` at their
+    edges (those of them only dropped; forced spans as they are), by direct counting."""
+    forced = {(c.start, c.end - 1, labels.index(c.label) + 1)
+              for c in constraints if isinstance(c, ForceSpan)}
+    written = []
+    for s, e, lab in spans:
+        if (s, e, lab) not in forced:
+            while s <= e and s in spaces:
+                s += 1
+            while e >= s and e in spaces:
+                e -= 1
+        if s <= e:
+            written.append((s, e, lab))
+    return plain_ok(constraints, labels, written, length, sentence_starts)
+
+
 def random_constraints(
     rng: random.Random, labels: Sequence[str], length: int, n_count: int, token_level: bool
 ) -> List[Constraint]:

@@ -36,7 +36,7 @@ from spacy_fsemicrf.structured.constraints import (
     sentence_index,
 )
 from spacy_fsemicrf.structured.lattice import lattice_search, topk
-from spacy_fsemicrf.structured.linear_crf import crf_viterbi, tag_scheme
+from spacy_fsemicrf.structured.linear_crf import crf_viterbi, tag_scheme, tags_to_spans
 from spacy_fsemicrf.structured.pathsearch import ItemGraph, search
 from spacy_fsemicrf.structured.semicrf import semicrf_viterbi
 from spacy_fsemicrf.structured.spans import span_mask
@@ -52,6 +52,7 @@ from .bruteforce_constraints import (
     random_doc_constraints,
     random_sentence_starts,
     semicrf_reference,
+    written_ok,
 )
 
 LABELS = ["A", "B", "C"]
@@ -318,16 +319,19 @@ def test_filtered_matches_enumeration(seed):
             continue
         score = _path_score(mine, _doc_nodes(nodes, b), glob[b], T)
         assert math.isclose(report.score, score, abs_tol=1e-9)
+        closed = docs[b].closed_starts
+        if report.status == "satisfied":  # the unconstrained path, once trimmed, obeys them
+            assert mine == plain and not report.searched
+            assert written_ok(constraints, labels, mine, int(lengths[b]), starts, closed)
+            continue
         if ref is None:
             assert report.status == "infeasible" and mine == plain
             continue
         drops, ref_score, _ = ref
-        assert report.status in ("satisfied", "optimal")
-        assert plain_ok(constraints, labels, mine, int(lengths[b]), starts, docs[b].closed_starts)
+        assert report.status == "optimal"
+        assert plain_ok(constraints, labels, mine, int(lengths[b]), starts, closed)
         assert report.dropped == drops
         assert math.isclose(report.score, ref_score, abs_tol=TOL)
-        if report.status == "satisfied":
-            assert mine == plain and not report.searched
 
 
 def test_filtered_drops_only_when_needed():
@@ -515,10 +519,13 @@ def test_semicrf_matches_enumeration(seed):
         report = out.reports[b]
         if docs[b] is None:
             assert report is None and mine == plain
+        elif report.status == "satisfied":  # the unconstrained path, once trimmed, obeys them
+            assert mine == plain and written_ok(constraints, labels, mine, int(lengths[b]),
+                                                starts, docs[b].closed_starts)
         elif not ref:
             assert report.status == "infeasible" and mine == plain
         else:
-            assert report.status in ("satisfied", "optimal")
+            assert report.status == "optimal"
             assert math.isclose(report.score, ref[0][0], abs_tol=TOL)
             assert math.isclose(report.unconstrained, float(plain_best[b]), abs_tol=1e-6)
             assert plain_ok(constraints, labels, mine, int(lengths[b]), starts,
@@ -578,17 +585,21 @@ def test_crf_matches_enumeration(seed, scheme_name):
                             length, constraints, labels, starts, doc.closed_starts if doc else ())
         refs.append((constraints, starts, ref))
     out = crf_constrained(emissions, T, lengths, scheme, docs, scheme.allowed)
-    _, plain_best = crf_viterbi(emissions, T, lengths, scheme.allowed)
+    plain_tags, plain_best = crf_viterbi(emissions, T, lengths, scheme.allowed)
+    plain_spans = tags_to_spans(plain_tags, lengths, scheme)
     for b in range(B):
         constraints, starts, ref = refs[b]
         mine = doc_rows(out.spans, b)
         report = out.reports[b]
         if docs[b] is None:
             assert report is None
+        elif report.status == "satisfied":  # the unconstrained path, once trimmed, obeys them
+            assert mine == doc_rows(plain_spans, b) and written_ok(
+                constraints, labels, mine, int(lengths[b]), starts, docs[b].closed_starts)
         elif not ref:
             assert report.status == "infeasible"
         else:
-            assert report.status in ("satisfied", "optimal")
+            assert report.status == "optimal"
             assert math.isclose(report.score, ref[0][0], abs_tol=TOL)
             assert math.isclose(report.unconstrained, float(plain_best[b]), abs_tol=1e-6)
             assert plain_ok(constraints, labels, mine, int(lengths[b]), starts,

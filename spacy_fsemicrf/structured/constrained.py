@@ -139,23 +139,23 @@ def filtered_constrained(
         on_path = numpy.flatnonzero(keep[lo:hi])
         viterbi = [tuple(r) for r in rows[lo:hi][on_path, 1:].tolist()]
         viterbi_score = _chain_score(scores[lo:hi][on_path], [r[2] for r in viterbi], T)
+        force_score = None
+        if global_scores is not None:
+            force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa
         items = None
-        if program.forbids or program.forces or doc.closed_starts:  # may change the node set
-            force_score = None
-            if global_scores is not None:
-                force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa
+        if program.forbids or program.forces:  # they may change the node set
             items = itemgraphs.filtered_items(
-                rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score,
-                doc.closed_starts,
-            )
+                rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score)
         if (items is None or not items.changed) and satisfies(
-            program, viterbi, length, doc.sentence_starts
+            program, viterbi, length, doc.sentence_starts, doc.closed_starts
         ):
             states = program.automaton.n_states
             reports[b] = ConstraintReport("satisfied", viterbi_score, viterbi_score, False, states)
             continue
-        if items is None:
-            items = itemgraphs.filtered_items(rows[lo:hi, 1:], scores[lo:hi], length, K, program)
+        if items is None or doc.closed_starts:  # the search never starts an entity there
+            items = itemgraphs.filtered_items(
+                rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score,
+                doc.closed_starts)
         path, reports[b] = _search_filtered(items, T, doc, length, viterbi_score)
         if path is None:
             continue

@@ -29,7 +29,8 @@ removing the items (nodes, segments, tags) that contradict them.
 import operator
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
-from typing import ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union)
 
 import numpy
 
@@ -507,7 +508,8 @@ class DocConstraints(NamedTuple):
     document's sentence starts (token offsets; empty: one sentence) and the tokens where no
     entity may start unless a forced span does (the spaCy component passes the whitespace
     tokens, which it trims from entities after decoding: the constraints then count the
-    entities it writes)."""
+    entities it writes). An unconstrained best path whose entities, trimmed of these tokens,
+    obey the constraints is kept as it is."""
 
     program: ConstraintProgram
     sentence_starts: Tuple[int, ...] = ()
@@ -534,21 +536,35 @@ def padded_sentence_index(
     return numpy.concatenate([index, numpy.full(size - length, index[-1])])
 
 
+def _trimmed(
+    spans: Iterable[Tuple[int, int, int]], spaces: Set[int], forced: Set[Tuple[int, int, int]]
+) -> List[Tuple[int, int, int]]:
+    """``spans`` without the tokens ``spaces`` at their edges (those of them only left out),
+    forced spans as they are."""
+    out = []
+    for start, end, label in spans:
+        if (start, end, label) not in forced:
+            while start <= end and start in spaces:
+                start += 1
+            while end >= start and end in spaces:
+                end -= 1
+        if start <= end:
+            out.append((start, end, label))
+    return out
+
+
 def satisfies(
     program: ConstraintProgram,
     spans: Iterable[Tuple[int, int, int]],
     length: int,
     sentence_starts: Sequence[int] = (),
-    closed_starts: Sequence[int] = (),
+    spaces: Sequence[int] = (),
 ) -> bool:
     """Whether entities ``(start, end inclusive, label id)`` (non-overlapping) satisfy every
-    constraint of ``program`` in a document of ``length`` tokens, none but a forced span
-    starting on a token of ``closed_starts``."""
-    spans = sorted(spans)
-    if closed_starts:
-        closed, forced = set(closed_starts), set(program.forces)
-        if any(s in closed and (s, e, label) not in forced for s, e, label in spans):
-            return False
+    constraint of ``program`` in a document of ``length`` tokens, once trimmed of the tokens
+    ``spaces`` at their edges (one of them only is no entity; a forced span stays as it is),
+    as the spaCy component writes them."""
+    spans = sorted(_trimmed(spans, set(spaces), set(program.forces)) if spaces else spans)
     for f in program.forbids:
         end = length - 1 if f.end is None else f.end
         for s, e, label in spans:
