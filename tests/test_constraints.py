@@ -14,7 +14,9 @@ from spacy_fsemicrf.structured.constrained import (
     NO_FILTERED_PATH,
     NO_SEGMENTATION,
     ConstrainedDecode,
+    ConstraintReport,
     crf_constrained,
+    empty_document_report,
     filtered_constrained,
     semicrf_constrained,
 )
@@ -449,6 +451,27 @@ def test_a_forced_span_wider_than_the_span_heads_allow_says_their_width(head, ma
         "infeasible", False, f"force_span 0..3 is wider than the head's max_width={max_width}")
     crf = _constrained_on_four_tokens("crf", [ForceSpan(0, 3, "A")]).reports[0]
     assert crf.status == "optimal"  # the linear CRF has no width limit
+
+
+def test_a_document_without_tokens_is_reported_on_its_empty_segmentation():
+    """Its one segmentation, the empty one: satisfied when it obeys the constraints (with the
+    automaton's states), infeasible with the reason otherwise; no report without constraints."""
+    labels = ["A", "B"]
+    at_most = DocConstraints(compile_constraints([AtMost("A", 1, "doc")], labels))
+    assert empty_document_report(at_most) == ConstraintReport(
+        "satisfied", 0.0, 0.0, False, at_most.program.automaton.n_states)
+    at_least = DocConstraints(compile_constraints([AtLeast("A", 1, "doc")], labels))
+    report = empty_document_report(at_least)
+    assert (report.status, report.score, report.unconstrained, report.searched) == (
+        "infeasible", 0.0, 0.0, False)
+    assert (report.states, report.reason) == (
+        at_least.program.automaton.n_states, NO_SEGMENTATION)
+    assert at_least.program.automaton.n_states > 1
+    forced = DocConstraints(compile_constraints([ForceSpan(0, 1, "B")], labels))
+    assert empty_document_report(forced).reason == (
+        "force_span 0..1 ends past the document's 0 tokens")
+    assert empty_document_report(None) is None
+    assert empty_document_report(DocConstraints(compile_constraints([], labels))) is None
 
 
 def test_filtered_head_forces_a_span_where_the_filter_keeps_no_node():
