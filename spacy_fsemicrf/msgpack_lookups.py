@@ -9,9 +9,10 @@ its span groups, each group), and ``nlp.pipe(n_process=N)`` sends every document
 worker to the parent as ``Doc.to_bytes``, read back there with ``Doc.from_bytes``. For short
 documents that is as much time as annotating them.
 
-Making, training or running an ``fsemicrf_ner`` component applies it (``spacy_fsemicrf/component.py``), so the
-processes ``n_process`` forks have it too; a process without the component is left as it is. The encoders and decoders stay the same ones; a function
-registered later (anywhere in catalogue) is seen at the next call.
+Making, training or running an ``fsemicrf_ner`` component applies it
+(``spacy_fsemicrf/component.py``), so the processes ``n_process`` forks have it too; a process
+without the component is left as it is. The encoders and decoders stay the same ones; a
+function registered later (anywhere in catalogue) is seen at the next call.
 """
 from typing import Any, Callable, Dict, Optional, Tuple
 

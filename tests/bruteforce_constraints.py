@@ -103,15 +103,11 @@ def written_ok(
     edges (those of them only dropped; forced spans as they are), by direct counting."""
     forced = {(c.start, c.end - 1, labels.index(c.label) + 1)
               for c in constraints if isinstance(c, ForceSpan)}
-    written = []
+    written = [span for span in spans if span in forced]
     for s, e, lab in spans:
-        if (s, e, lab) not in forced:
-            while s <= e and s in spaces:
-                s += 1
-            while e >= s and e in spaces:
-                e -= 1
-        if s <= e:
-            written.append((s, e, lab))
+        words = [t for t in range(s, e + 1) if t not in spaces]  # its tokens but spaces
+        if (s, e, lab) not in forced and words:
+            written.append((words[0], words[-1], lab))
     return plain_ok(constraints, labels, written, length, sentence_starts)
 
 
