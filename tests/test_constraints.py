@@ -194,6 +194,26 @@ def test_sentence_index():
     assert sentence_index(0, (0,)).tolist() == [0]
 
 
+def test_satisfies_checks_the_entities_trimmed_of_spaces():
+    """With ``spaces`` (the whitespace tokens the component trims from its entities) the
+    entities are checked as written: edges trimmed, one of spaces only none, forced spans as
+    they are."""
+    labels = ["A", "B"]
+    # tokens 1 and 3 are spaces; "A over 0-1" is written as A over 0
+    forbid_2 = compile_constraints([ForbidLabels(("A",), 2, 3)], labels)
+    assert satisfies(forbid_2, [(0, 1, 1)], 5, (), (1, 3))
+    assert not satisfies(forbid_2, [(0, 1, 1), (2, 2, 1)], 5, (), (1, 3))
+    forbid_1 = compile_constraints([ForbidLabels(("A",), 1, 2)], labels)
+    assert not satisfies(forbid_1, [(0, 1, 1)], 5)  # untrimmed it covers token 1
+    assert satisfies(forbid_1, [(0, 1, 1)], 5, (), (1, 3))
+    two = compile_constraints([AtLeast("A", 2, "doc")], labels)
+    assert satisfies(two, [(0, 0, 1), (3, 3, 1)], 5)
+    assert not satisfies(two, [(0, 0, 1), (3, 3, 1)], 5, (), (1, 3))  # an A of a space only
+    assert satisfies(two, [(0, 0, 1), (3, 4, 1)], 5, (), (1, 3))  # written as A over 4
+    forced = compile_constraints([AtLeast("A", 2, "doc"), ForceSpan(3, 4, "A")], labels)
+    assert satisfies(forced, [(0, 0, 1), (3, 3, 1)], 5, (), (1, 3))  # a forced span stays
+
+
 def test_satisfies_reads_an_open_forbidden_range_to_the_document_end():
     program = compile_constraints([ForbidLabels(["A"], 2, None)], LABELS)
     assert not satisfies(program, [(4, 4, 1)], 5)  # an A on the last token
@@ -471,6 +491,9 @@ def test_a_document_without_tokens_is_reported_on_its_empty_segmentation():
     assert empty_document_report(forced).reason == (
         "force_span 0..1 ends past the document's 0 tokens")
     assert empty_document_report(None) is None
+    # no sentence: a per-sentence count holds on none
+    per_sentence = DocConstraints(compile_constraints([AtLeast("A", 1, "sentence")], labels))
+    assert empty_document_report(per_sentence).status == "satisfied"
     assert empty_document_report(DocConstraints(compile_constraints([], labels))) is None
 
 
