@@ -143,19 +143,18 @@ def filtered_constrained(
         if global_scores is not None:
             force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa
         items = None
-        if program.forbids or program.forces:  # they may change the node set
+        if program.forbids or program.forces or doc.closed_starts:  # may change the node set
             items = itemgraphs.filtered_items(
-                rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score)
+                rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score,
+                doc.closed_starts)
         if (items is None or not items.changed) and satisfies(
             program, viterbi, length, doc.sentence_starts, doc.closed_starts
         ):
             states = program.automaton.n_states
             reports[b] = ConstraintReport("satisfied", viterbi_score, viterbi_score, False, states)
             continue
-        if items is None or doc.closed_starts:  # the search never starts an entity there
-            items = itemgraphs.filtered_items(
-                rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score,
-                doc.closed_starts)
+        if items is None:
+            items = itemgraphs.filtered_items(rows[lo:hi, 1:], scores[lo:hi], length, K, program)
         path, reports[b] = _search_filtered(items, T, doc, length, viterbi_score)
         if path is None:
             continue

@@ -29,7 +29,7 @@ from .pathsearch import ItemGraph
 
 class DocItems(NamedTuple):
     """One document's item graph; ``changed`` says whether the token-level constraints removed
-    or added items, ``conflict`` why they cannot all hold ("" when they can); ``origin``
+    or added items (the closed starts aside: the entities are checked trimmed), ``conflict`` why they cannot all hold ("" when they can); ``origin``
     (filtered head) maps each item to its node in the input list, -1 for an added forced
     span."""
 
@@ -103,7 +103,6 @@ def filtered_items(
     forced = numpy.zeros(len(scores), dtype=bool)
     for same in sames:
         forced |= same
-    keep &= ~numpy.isin(starts, closed_starts) | forced
     added = []
     for f, same in zip(program.forces, sames):
         keep &= ~((starts <= f.end) & (ends >= f.start)) | same
@@ -111,6 +110,7 @@ def filtered_items(
             score = 0.0 if force_score is None else force_score(f.start, f.end, f.label)
             added.append((f.start, f.end, f.label, score))
     changed = bool(added) or not keep.all()
+    keep &= ~numpy.isin(starts, closed_starts) | forced
     extra = numpy.array(added, dtype=numpy.float64).reshape(-1, 4)
     starts = numpy.concatenate([starts[keep], extra[:, 0].astype(numpy.int64)])
     ends = numpy.concatenate([ends[keep], extra[:, 1].astype(numpy.int64)])
