@@ -37,7 +37,7 @@ from .doc_constraints import check_constraints, constraints_of_docs, doc_own_con
 from .scorer import ner_score
 from .structured.constrained import ConstraintReport, empty_document_report
 from .structured.constraints import (
-    Constraint, DocConstraints, ForceSpan, constraints_to_dicts, satisfies)
+    Constraint, DocConstraints, ForceSpan, constraints_to_dicts, satisfies, trim_span)
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
 from .structured.heads import HEADS
@@ -642,11 +642,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         :meth:`set_annotations` writes them before its threshold, and their raw confidences:
         trimmed of whitespace (:func:`trim_whitespace`: those of whitespace only are left out).
         ``prediction`` stays as it is, so that it can be read again."""
-        entities, raw = prediction.spans.copy(), prediction.scores
-        keep = trim_whitespace(docs, entities, _decoded_forces(prediction.constraints))
-        if keep is not None:
-            entities, raw = entities[keep], raw[keep]
-        return entities, raw
+        entities, keep = trim_whitespace(
+            docs, prediction.spans, _decoded_forces(prediction.constraints))
+        return (entities, prediction.scores) if keep is None else (
+            entities[keep], prediction.scores[keep])
 
     def _forced_spans(self, doc: Doc) -> Set[Tuple[int, int]]:
         """The spans ``(start, end inclusive)`` that a ``force_span`` constraint of the
@@ -711,7 +710,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         out: Dict[Tuple[Tuple[int, int, int], ...], float] = {}
         for seg in found:
             rows = numpy.array([(0, *span) for span in seg.spans], dtype="int64").reshape(-1, 4)
-            keep = trim_whitespace([doc], rows, lambda _: self._forced_spans(doc))
+            rows, keep = trim_whitespace([doc], rows, lambda _: self._forced_spans(doc))
             rows = rows if keep is None else rows[keep]
             out.setdefault(tuple(map(tuple, rows[:, 1:].tolist())), seg.prob)
         return list(out.items())
@@ -903,14 +902,14 @@ def trim_whitespace(
     docs: List[Doc],
     rows: numpy.ndarray,
     forced: Optional[Callable[[int], Set[Tuple[int, int]]]] = None,
-) -> Optional[numpy.ndarray]:
+) -> Tuple[numpy.ndarray, Optional[numpy.ndarray]]:
     """Entity ``rows`` ``(doc, start, end inclusive, label)`` without whitespace tokens at
     their edges, as spaCy's ``ner`` never starts an entity on one: a head that learnt from text
-    without such tokens may put one there (a double space before a name). The rows are trimmed
-    in place; the return value is None when every row stays, else the indices of the rows to
-    keep (those of whitespace only are left out). ``forced(d)`` gives the spans ``(start,
-    end)`` a constraint asked for in document ``d``, which stay as they are (read only where a
-    row would change)."""
+    without such tokens may put one there (a double space before a name). Returns the rows (a
+    trimmed copy where one changes, else ``rows`` itself) and None when every row stays, else
+    the indices of the rows to keep (those of whitespace only are left out). ``forced(d)``
+    gives the spans ``(start, end)`` a constraint asked for in document ``d``, which stay as
+    they are (read only where a row would change)."""
     keep = None
     for i, (d, start, end) in enumerate(rows[:, :3].tolist()):
         doc = docs[d]
@@ -918,15 +917,13 @@ def trim_whitespace(
             continue
         if forced is not None and (start, end) in forced(d):
             continue
-        while start <= end and doc[start].is_space:
-            start += 1
-        while end >= start and doc[end].is_space:
-            end -= 1
+        edges = trim_span(start, end, lambda t: doc[t].is_space)
         if keep is None:
-            keep = numpy.ones(len(rows), dtype=bool)
-        keep[i] = start <= end
-        rows[i, 1], rows[i, 2] = start, end
-    return None if keep is None else numpy.flatnonzero(keep)
+            rows, keep = rows.copy(), numpy.ones(len(rows), dtype=bool)
+        keep[i] = edges is not None
+        if edges is not None:
+            rows[i, 1], rows[i, 2] = edges
+    return rows, None if keep is None else numpy.flatnonzero(keep)
 
 
 def _doc_bounds(rows: numpy.ndarray, n_docs: int) -> List[int]:

@@ -551,12 +551,15 @@ def test_trim_whitespace_trims_each_edge_and_drops_whitespace_only_rows():
                         [0, 5, 6, 1],   # "France\n" -> France
                         [1, 1, 2, 1],   # forced as it is
                         [1, 4, 6, 2]])  # " France\n" -> France
-    keep = trim_whitespace(docs, rows, lambda d: {(1, 2)} if d == 1 else set())
+    before = rows.tolist()
+    trimmed, keep = trim_whitespace(docs, rows, lambda d: {(1, 2)} if d == 1 else set())
     assert keep.tolist() == [0, 1, 3, 4, 5]
-    assert rows[keep].tolist() == [[0, 0, 0, 1], [0, 2, 2, 1], [0, 5, 5, 1], [1, 1, 2, 1],
-                                   [1, 5, 5, 2]]
+    assert trimmed[keep].tolist() == [[0, 0, 0, 1], [0, 2, 2, 1], [0, 5, 5, 1], [1, 1, 2, 1],
+                                      [1, 5, 5, 2]]
+    assert rows.tolist() == before  # a copy is trimmed, not the rows given
     clean = numpy.array([[0, 0, 0, 1], [0, 2, 3, 1]])
-    assert trim_whitespace(docs, clean) is None and clean.tolist() == [[0, 0, 0, 1], [0, 2, 3, 1]]
+    same, keep = trim_whitespace(docs, clean)
+    assert keep is None and same is clean and clean.tolist() == [[0, 0, 0, 1], [0, 2, 3, 1]]
 
 
 def test_nbest_trims_keeps_the_best_of_each_entity_set_and_keeps_forced_spans(

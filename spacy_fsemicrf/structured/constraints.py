@@ -30,7 +30,7 @@ import operator
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from typing import (
-    ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union)
+    Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union)
 
 import numpy
 
@@ -536,6 +536,17 @@ def padded_sentence_index(
     return numpy.concatenate([index, numpy.full(size - length, index[-1])])
 
 
+def trim_span(start: int, end: int, is_space: Callable[[int], bool]) -> Optional[Tuple[int, int]]:
+    """Tokens ``start..end`` (inclusive) without the tokens ``is_space`` says are whitespace at
+    their edges; None when they are all whitespace. (The spaCy component writes its entities
+    so.)"""
+    while start <= end and is_space(start):
+        start += 1
+    while end >= start and is_space(end):
+        end -= 1
+    return (start, end) if start <= end else None
+
+
 def _trimmed(
     spans: Iterable[Tuple[int, int, int]], spaces: Set[int], forced: Set[Tuple[int, int, int]]
 ) -> List[Tuple[int, int, int]]:
@@ -543,13 +554,10 @@ def _trimmed(
     forced spans as they are."""
     out = []
     for start, end, label in spans:
-        if (start, end, label) not in forced:
-            while start <= end and start in spaces:
-                start += 1
-            while end >= start and end in spaces:
-                end -= 1
-        if start <= end:
-            out.append((start, end, label))
+        edges = (start, end) if (start, end, label) in forced else trim_span(
+            start, end, spaces.__contains__)
+        if edges is not None:
+            out.append((*edges, label))
     return out
 
 
