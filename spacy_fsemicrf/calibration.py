@@ -419,8 +419,10 @@ def make_calibrate_callback(
 def main(argv: Optional[List[str]] = None) -> int:
     """``python -m spacy_fsemicrf calibrate MODEL DEV.spacy [--output DIR] [--component NAME]
     [--train TRAIN.spacy]``:
-    fit the calibration map of a trained pipeline on a development corpus and save the
-    pipeline (in place unless ``--output`` is given)."""
+    fit the calibration map of a trained pipeline's ``fsemicrf_ner`` components (each its own;
+    or only ``--component``) on a development corpus and save the pipeline (in place unless
+    ``--output`` is given). Exit status 1 when a component predicts no entity to fit on: its
+    map is unchanged, and the pipeline is saved only if another component got one."""
     parser = argparse.ArgumentParser(
         prog="python -m spacy_fsemicrf calibrate",
         description="Fit the score calibration map of a trained fsemicrf_ner pipeline on a "
@@ -429,7 +431,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("model", help="the trained pipeline (a directory or a package name)")
     parser.add_argument("dev", type=Path, help="held-out documents with gold entities (.spacy)")
     parser.add_argument("--output", type=Path, default=None, help="where to save (default: MODEL)")
-    parser.add_argument("--component", default=None, help="the fsemicrf_ner component's name")
+    parser.add_argument("--component", default=None,
+                        help="the fsemicrf_ner component to calibrate (default: every one)")
     parser.add_argument("--train", type=Path, default=None,
                         help="the training corpus (.spacy): record the entity texts seen in "
                         "training, for a pipeline trained before the component recorded them")
@@ -439,18 +442,31 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"{args.model} is not a directory: give --output")
     nlp = spacy.load(args.model)
     names = fsemicrf_components(nlp)
+    if not names or (args.component is not None and args.component not in names):
+        wanted = f"named {args.component!r}" if args.component is not None else "at all"
+        parser.error(f"{args.model} has no fsemicrf_ner component {wanted} (its components: "
+                     f"{nlp.pipe_names})")
     if args.component is not None:
         names = [args.component]
-    if len(names) != 1:
-        parser.error(f"name the component to calibrate with --component (found {names})")
-    if args.train is not None:
-        nlp.get_pipe(names[0]).record_seen_entities(read_docs(args.train, nlp.vocab))
-    fitted = calibrate_component(nlp, names[0], read_docs(args.dev, nlp.vocab))
-    if fitted is None:
-        print(f"{names[0]}: no predicted entity in the annotated documents of {args.dev}; "
-              f"nothing saved", file=sys.stderr)
+    dev_docs = read_docs(args.dev, nlp.vocab)
+    train_docs = read_docs(args.train, nlp.vocab) if args.train is not None else None
+    fitted = {}
+    for name in names:
+        if train_docs is not None:
+            nlp.get_pipe(name).record_seen_entities(train_docs)
+        fitted[name] = calibrate_component(nlp, name, dev_docs)
+    failed = [name for name, value in fitted.items() if value is None]
+    for name in failed:
+        print(f"{name}: no predicted entity in the annotated documents of {args.dev}; its map "
+              f"is unchanged", file=sys.stderr)
+    if len(failed) == len(names):
+        print("nothing saved", file=sys.stderr)
         return 1
     nlp.to_disk(output)
-    print(f"{names[0]}: calibration map ({fitted['method']}) fitted on {fitted['n_entities']} "
-          f"entities of {args.dev} ({fitted['n_correct']} correct), saved to {output}")
-    return 0
+    for name, value in fitted.items():
+        if value is not None:
+            print(f"{name}: calibration map ({value['method']}) fitted on "
+                  f"{value['n_entities']} entities of {args.dev} ({value['n_correct']} "
+                  f"correct)")
+    print(f"saved to {output}")
+    return 1 if failed else 0

@@ -942,6 +942,29 @@ def test_the_callback_calibrates_every_fsemicrf_ner_component_or_the_one_named(s
     assert nlp.get_pipe("second").calibration == maps["second"]
 
 
+def test_the_command_calibrates_every_fsemicrf_ner_component(small_nlp, tmp_path, capsys):
+    """With two components the command asked for ``--component`` and fitted only that one."""
+    nlp = _copy(small_nlp, tmp_path)
+    nlp.add_pipe("fsemicrf_ner", name="second", source=_copy(small_nlp, tmp_path, "other"))
+    nlp.update(make_examples(nlp)[:2], exclude=["fsemicrf_ner"])
+    nlp.to_disk(tmp_path / "model")
+    dev = write_corpus(tmp_path / "dev.spacy", nlp)
+    assert calibration.main([str(tmp_path / "model"), str(dev)]) == 0
+    loaded = spacy.load(tmp_path / "model")
+    out = capsys.readouterr().out
+    for name in ("fsemicrf_ner", "second"):
+        expected = calibrate_component(nlp, name, DocBin().from_disk(dev).get_docs(nlp.vocab))
+        saved = loaded.get_pipe(name).calibration
+        assert saved["n_entities"] == expected["n_entities"] > 0
+        assert saved["x"] == pytest.approx(expected["x"]) and saved["y"] == pytest.approx(expected["y"])
+        assert f"{name}: calibration map (" in out
+    with pytest.raises(SystemExit):  # a KeyError's traceback before
+        calibration.main([str(tmp_path / "model"), str(dev), "--component", "ner"])
+    with pytest.raises(SystemExit):  # no fsemicrf_ner component
+        spacy.blank("en").to_disk(tmp_path / "blank")
+        calibration.main([str(tmp_path / "blank"), str(dev)])
+
+
 def test_the_callback_reads_its_file_once(small_nlp, tmp_path, monkeypatch):
     nlp = _copy(small_nlp, tmp_path)
     dev = write_corpus(tmp_path / "dev.spacy", nlp)
