@@ -149,6 +149,31 @@ def test_constrained_decode_and_nbest_on_cuda_match_cpu(name):
         [s.log_prob for doc in nbest_gpu for s in doc], abs=1e-3)
 
 
+@pytest.mark.parametrize("span_repr", ["sum", "sum_endpoints_neighbors"])
+@pytest.mark.parametrize("shape", [(1, 3000), (64, 128)])  # a long document; a large batch
+def test_span_sums_under_autocast_stay_float32(span_repr, shape):
+    """Under autocast the projections are float16 and their running sum float32: the span sums
+    are differences of the running sum, so its terms stay float32 (a float16 copy of a long
+    document's running sum is off by units), in training and in the one-pass sums that
+    prediction takes on a large batch."""
+    from spacy_fsemicrf.structured.spans import SpanFeaturizer
+
+    torch.manual_seed(0)
+    featurizer = SpanFeaturizer(16, 128, 4, span_repr).cuda()
+    x = (torch.randn(*shape, 16) + 1.0).cuda()
+    with torch.no_grad():
+        want = featurizer(x)  # float32 throughout
+    with torch.autocast("cuda"):
+        terms = featurizer.terms(x)
+        trained = featurizer(x)
+        with torch.inference_mode():
+            predicted = featurizer(x)
+    assert terms.ends.dtype == terms.starts.dtype == torch.float32
+    # float16 rounding of each projected token, not of the running sum (thousands here)
+    for out in (trained.detach(), predicted):
+        assert (out.float() - want).abs().max() < 0.5
+
+
 @pytest.mark.parametrize("mixed_precision", [False, True])
 def test_component_trains_and_predicts_on_the_gpu(mixed_precision):
     """The spaCy component through Thinc's GPU ops (needs CuPy): the shim puts the head on the

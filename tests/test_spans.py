@@ -381,3 +381,22 @@ def test_featurizer_predicts_what_it_trains_on_bit_for_bit(monkeypatch, span_rep
     with torch.inference_mode():
         predicted = feat(x, doc)
     assert torch.equal(predicted, trained.detach())
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_prefix_terms_keep_the_running_sum_precision(grad):
+    """Under CUDA autocast the projections come in float16 and their running sum in float32
+    (cumsum autocasts to float32): the span terms stay float32, not rounded to float16 at the
+    size of the running sum. With autograd (training) and without it on a large batch (the
+    one-pass sums of prediction)."""
+    gen = torch.Generator().manual_seed(0)
+    B, L, H, K = 1, 8192, 128, 4
+    terms = [(torch.randn((B, L, H), generator=gen) + 1.0).half() for _ in range(4)]
+    proj = (torch.randn((B, L, H), generator=gen) + 1.0).half()
+    cumsum = proj.float().cumsum(1)  # as autocast gives it: |cumsum| reaches about L
+    with torch.set_grad_enabled(grad):
+        ends, starts = spans_module._prefix_terms(cumsum, *terms, K)
+        want_ends, want_starts = spans_module._prefix_terms(
+            cumsum, *(t.float() for t in terms), K)
+    assert ends.dtype == starts.dtype == torch.float32
+    assert torch.equal(ends, want_ends) and torch.equal(starts, want_starts)
