@@ -38,7 +38,9 @@ def instantiate_head(
         raise ValueError("The fsemicrf_ner head needs at least one entity label.")
     if arch not in HEADS:
         raise ValueError(f"Unknown head {arch!r}; expected one of {sorted(HEADS)}")
-    head = HEADS[arch](input_width, n_labels, **kwargs)
+    # float32 whatever torch's default dtype (torch.set_default_dtype): the head is handed the
+    # float32 vectors of the tok2vec and is trained by Thinc's float32 optimizer
+    head = HEADS[arch](input_width, n_labels, **kwargs).float()
     head.fsemicrf_spec = {
         "arch": arch,
         "kwargs": dict(kwargs),

@@ -206,6 +206,33 @@ def test_mixed_precision_config_runs_in_float32_on_cpu(caplog):
     assert loss > 0
 
 
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_float64_default_dtype_builds_and_loads_float32_heads(arch):
+    """torch.set_default_dtype(torch.float64) in the user's process: the heads still take the
+    tok2vec's float32 vectors, when initialized, trained, saved and loaded."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        nlp, losses = _trained(arch, n_iter=8)
+        assert losses[-1] < losses[0]
+        ner = nlp.get_pipe("fsemicrf_ner")
+        assert {p.dtype for p in ner.torch_head.parameters()} == {torch.float32}
+        texts = [text for text, _ in TRAIN_DATA]
+        before = [[(e.start, e.end, e.label_) for e in doc.ents] for doc in nlp.pipe(texts)]
+        loaded = spacy.blank("en")
+        loaded.add_pipe("fsemicrf_ner", config={"model": model_config(arch)})
+        loaded.from_bytes(nlp.to_bytes())
+        head = loaded.get_pipe("fsemicrf_ner").torch_head
+        assert {p.dtype for p in head.parameters()} == {torch.float32}
+        after = [[(e.start, e.end, e.label_) for e in doc.ents] for doc in loaded.pipe(texts)]
+        assert after == before
+    finally:
+        torch.set_default_dtype(previous)
+
+
 @pytest.mark.parametrize("config_file", ["configs/fsemicrf_cnn.cfg", "configs/fsemicrf_trf.cfg"])
 def test_shipped_configs_use_the_default_head_settings(config_file):
     """The shipped configs train the component's default head (only the tok2vec differs)."""
