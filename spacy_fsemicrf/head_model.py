@@ -136,7 +136,10 @@ def make_head_model(
     if isinstance(grad_scaler, PyTorchGradScaler):
         scaler = grad_scaler
     else:
-        scaler = PyTorchGradScaler(enabled=mixed_precision, **dict(grad_scaler or {}))
+        settings = dict(grad_scaler or {})
+        # "enabled" may switch the scaler off; it never scales without mixed precision
+        enabled = bool(settings.pop("enabled", True)) and mixed_precision
+        scaler = PyTorchGradScaler(enabled=enabled, **settings)
     shim = HeadShim(
         UninitializedHead(),
         mixed_precision=mixed_precision,

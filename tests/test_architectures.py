@@ -207,6 +207,18 @@ def test_mixed_precision_config_runs_in_float32_on_cpu(caplog):
 
 
 
+@pytest.mark.parametrize("enabled", [False, True])
+def test_grad_scaler_settings_may_name_enabled(enabled):
+    """``enabled`` is one of PyTorchGradScaler's arguments: a config may give it (it can switch
+    the scaler off; without mixed precision, here on the CPU, the scaler stays off)."""
+    from spacy_fsemicrf.head_model import make_head_model
+
+    model = make_head_model("FilteredSemiCRF", {"max_width": 3}, mixed_precision=False,
+                            grad_scaler={"enabled": enabled, "init_scale": 1024.0})
+    scaler = model.shims[0]._grad_scaler
+    assert not scaler._enabled and float(scaler._scale) == 1024.0
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_float64_default_dtype_builds_and_loads_float32_heads(arch):
     """torch.set_default_dtype(torch.float64) in the user's process: the heads still take the
