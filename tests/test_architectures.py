@@ -206,7 +206,6 @@ def test_mixed_precision_config_runs_in_float32_on_cpu(caplog):
     assert loss > 0
 
 
-
 @pytest.mark.parametrize("enabled", [False, True])
 def test_grad_scaler_settings_may_name_enabled(enabled):
     """``enabled`` is one of PyTorchGradScaler's arguments: a config may give it (it can switch

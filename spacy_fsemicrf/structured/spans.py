@@ -308,8 +308,9 @@ def _prefix_terms(
     # in the running sum's precision: under CUDA autocast the projections are float16 and their
     # running sum float32, which a float16 copy would round to ~2^-11 of its size (and the
     # one-pass neg below takes no output of another dtype); a no-op without autocast
-    start, end, before, after = (
-        None if t is None else t.to(cumsum.dtype) for t in (start, end, before, after))
+    if any(t is not None and t.dtype != cumsum.dtype for t in (start, end, before, after)):
+        start, end, before, after = (
+            None if t is None else t.to(cumsum.dtype) for t in (start, end, before, after))
     # one pass per sum (out=, which autograd cannot record: prediction only), where the tensors
     # are large enough that a pass costs more than the extra operator calls
     fused = not torch.is_grad_enabled() and cumsum.numel() >= ONE_PASS_MIN_ENTRIES
