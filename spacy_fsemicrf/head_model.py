@@ -72,6 +72,25 @@ class HeadShim(PyTorchShim):
         _, owner, attr = cached
         return get_torch_default_device() if owner is None else getattr(owner, attr).device
 
+    def begin_update(self, inputs: ArgsKwargs):
+        output, backprop = super().begin_update(inputs)
+        if not self._grad_scaler._enabled:
+            return output, backprop
+
+        def backprop_own_gradients(grads: ArgsKwargs) -> Any:
+            # Thinc's backprop unscales every gradient the head holds, also those accumulated
+            # by earlier calls (spaCy's accumulate_gradient), which were already unscaled: it
+            # is given the head without them, and they are added back after it
+            held = [(p, p.grad) for p in self._model.parameters() if p.grad is not None]
+            for param, _ in held:
+                param.grad = None
+            d_inputs = backprop(grads)
+            for param, grad in held:
+                param.grad = grad if param.grad is None else param.grad.add_(grad)
+            return d_inputs
+
+        return output, backprop_own_gradients
+
     def predict(self, inputs: ArgsKwargs) -> Any:
         if self._model.training:
             self._model.eval()

@@ -218,6 +218,43 @@ def test_grad_scaler_settings_may_name_enabled(enabled):
     assert not scaler._enabled and float(scaler._scale) == 1024.0
 
 
+def test_scaled_gradients_accumulate_unscaled_once():
+    """With a gradient scaler (mixed precision), Thinc's shim unscales every gradient the head
+    holds at each backprop, also those accumulated by earlier sub-batches
+    (``accumulate_gradient``): they were divided by the scale again and nearly vanished. The
+    head's accumulated gradients are those without a scaler. Thinc's scaler is for CUDA
+    tensors only; this one scales CPU tensors the same way."""
+    import torch
+    from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+
+    from spacy_fsemicrf.head_model import torch_head
+
+    class CPUScaler(PyTorchGradScaler):
+        def _scale_tensor(self, tensor, scale_per_device, inplace):
+            return tensor.mul_(self._scale) if inplace else tensor * self._scale
+
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(FILTERED_SEMICRF,
+                                                                       dropout=0.0)})
+    examples = make_examples(nlp)
+    nlp.initialize(lambda: examples)
+    model = ner.model
+    shim = next(node for node in model.walk() if node.shims).shims[0]
+    head = torch_head(next(node for node in model.walk() if node.shims))
+    accumulated = {}
+    for scaler in (PyTorchGradScaler(enabled=False), CPUScaler(enabled=True, init_scale=1024.0)):
+        shim._grad_scaler = scaler
+        for param in head.parameters():
+            param.grad = None
+        for part in (examples[:2], examples[2:4]):  # two sub-batches, one update
+            gold, mask = ner.get_gold(part)
+            _, backprop = model.begin_update(ModelInput([eg.predicted for eg in part], gold, mask))
+            backprop(1.0)
+        accumulated[scaler._enabled] = [p.grad.clone() for p in head.parameters()]
+    for plain, scaled in zip(accumulated[False], accumulated[True]):
+        assert torch.allclose(scaled, plain, rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_float64_default_dtype_builds_and_loads_float32_heads(arch):
     """torch.set_default_dtype(torch.float64) in the user's process: the heads still take the
