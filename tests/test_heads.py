@@ -774,6 +774,24 @@ def test_lengths_outside_the_rows_of_x_are_a_clear_error(name, lengths, bad, cal
     head(X, lengths.clamp(0, 5))  # the same batch with valid lengths decodes
 
 
+@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("lengths", [[4.5, 3.0], [4.0, 3.0], [True, True]])
+@pytest.mark.parametrize("call", ["decode", "loss", "nbest"])
+def test_lengths_that_are_not_integers_are_a_clear_error(name, lengths, call):
+    """A length of 4.5 ended the document after token 4 in the filtered head's candidate
+    mask (4 < 4.5), so it decoded an entity on a token the document does not have, and after
+    token 3 in the semi-CRF's scan (``long()``)."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K).eval()
+    X, lengths = torch.randn(2, 5, D), torch.tensor(lengths)
+    run = {"decode": lambda: head(X, lengths),
+           "loss": lambda: head(X, lengths, torch.tensor([[0, 1, 2, 1]])),
+           "nbest": lambda: head.nbest(X, lengths, 2)}[call]
+    with pytest.raises(ValueError, match=f"^lengths must be an integer tensor, got "
+                                         f"{lengths.dtype}$"):
+        run()
+
+
 @pytest.mark.parametrize("rows, message", [
     ([[0, 1, 2, 0]], "^span labels must be entity ids >= 1"),
     ([[0, 1, 2, M + 1]], f"^span label {M + 1} is not one of the {M} labels$"),

@@ -79,13 +79,16 @@ PREDICT_CHUNK_ELEMENTS = 2**18
 
 
 def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
-    """A ``ValueError`` unless ``X`` is ``[B, L, D]`` and ``lengths`` ``[B]``, each length
-    between 0 and ``L``."""
+    """A ``ValueError`` unless ``X`` is ``[B, L, D]`` and ``lengths`` ``[B]`` integers, each
+    length between 0 and ``L``."""
     if X.dim() != 3 or lengths.dim() != 1 or lengths.shape[0] != X.shape[0]:
         raise ValueError(
             f"token vectors must be [B, L, D] and lengths [B], one per document, got "
             f"{tuple(X.shape)} and {tuple(lengths.shape)}"
         )
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        # a fractional length would end a document at a different token in each mask
+        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
     if lengths.shape[0]:
         values = lengths.tolist()  # a microsecond for one document, where aminmax takes four
         low, high = min(values), max(values)
