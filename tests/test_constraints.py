@@ -1014,6 +1014,26 @@ def test_heads_report_constraints_on_a_batch_without_tokens(kind):
     assert out.reports is not None and out.reports[0] is not None and out.reports[1] is None
 
 
+@pytest.mark.parametrize("kind", ["filtered", "semicrf", "crf"])
+@pytest.mark.parametrize("entries", [1, 2, 4])
+def test_heads_want_one_constraint_entry_per_document(kind, entries):
+    """A list shorter than the batch left the documents past it unconstrained, silently; a
+    longer one raised an IndexError."""
+    from spacy_fsemicrf.structured.heads import HEADS
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    name = {"filtered": "FilteredSemiCRF", "semicrf": "SemiCRF", "crf": "LinearCRF"}[kind]
+    torch.manual_seed(0)
+    head = HEADS[name](4, 2, max_width=3, hidden_width=8).eval()
+    X, lengths = torch.randn(3, 5, 4), torch.tensor([5, 4, 3])
+    doc = _one_sentence_doc([{"kind": "at_most", "label": "A", "n": 0, "scope": "doc"}])
+    with pytest.raises(ValueError, match=f"^constraints must have one entry \\(or None\\) per "
+                                         f"document: {entries} entries for 3 documents$"):
+        head(X, lengths, options=DecodeOptions(constraints=[doc] * entries))
+    out = head(X, lengths, options=DecodeOptions(constraints=[doc] * 3))
+    assert all(r is not None for r in out.reports)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10**6))
 @example(247375)  # a path that leaves out a forbidden node, once reported with probability 1

@@ -74,6 +74,16 @@ def _active(doc: Optional[DocConstraints]) -> bool:
     return doc is not None and not doc.program.empty
 
 
+def _check_count(constraints: Sequence[Optional[DocConstraints]], batch: int) -> None:
+    """A ``ValueError`` unless there is one entry (constraints or None) per document: with
+    fewer, the documents past the list were decoded without their constraints."""
+    if len(constraints) != batch:
+        raise ValueError(
+            f"constraints must have one entry (or None) per document: {len(constraints)} "
+            f"entries for {batch} documents"
+        )
+
+
 
 def empty_document_report(doc: Optional[DocConstraints]) -> Optional[ConstraintReport]:
     """The report of a document without tokens (None without constraints): its one
@@ -121,6 +131,7 @@ def filtered_constrained(
     unconstrained decode; ``global_scores`` (``[B, L, K, C]``) scores forced spans that are
     not nodes (without it they score 0)."""
     B, L, K = nodes.shape
+    _check_count(constraints, B)
     if best is None:
         T = None if transitions is None else transitions.detach().to(nodes.scores.dtype)
         best, _ = filtered.decode_node_set(nodes, T, marginals=False)
@@ -285,6 +296,7 @@ def semicrf_constrained(
     ``viterbi`` (the ``(spans, best)`` of :func:`~.semicrf.semicrf_viterbi`) saves the
     unconstrained decode."""
     B, L, K, C = scores.shape
+    _check_count(constraints, B)
     if viterbi is None:
         viterbi = semicrf_viterbi(scores, lengths, transitions)
     lengths_np = lengths.cpu().numpy()
@@ -319,6 +331,7 @@ def crf_constrained(
     constraints count the entities of the tag sequence (an entity opens at a B tag, or U in
     BILUO)."""
     B, L, n_tags = emissions.shape
+    _check_count(constraints, B)
     if viterbi is None:
         viterbi = crf_viterbi(emissions, transitions, lengths, allowed)
     lengths_np = lengths.cpu().numpy()
