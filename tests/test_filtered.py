@@ -317,6 +317,28 @@ def test_transitions_of_zero_equal_no_transitions():
     )
 
 
+@pytest.mark.parametrize("scores_dtype, t_dtype", [(torch.float32, torch.float64),
+                                                   (torch.float64, torch.float32)])
+def test_transitions_of_another_precision_are_read_in_the_scores_one(scores_dtype, t_dtype):
+    """float32 scores with float64 transitions raised a RuntimeError in index_add_, where the
+    semi-CRF and the linear CRF cast the transitions to the scores' dtype."""
+    lengths, mask, scores, labels, _ = random_nodes(3, 8, 40, 5, 5, 0.15)
+    scores = scores.to(scores_dtype)
+    T = torch.randn((6, 6), dtype=t_dtype, generator=torch.Generator().manual_seed(0))
+    same = T.to(scores_dtype)
+    log_z = filtered_log_partition(scores, mask, labels, T)
+    assert log_z.dtype == scores_dtype
+    assert torch.equal(log_z, filtered_log_partition(scores, mask, labels, same))
+    for solve in (filtered_viterbi, filtered_decode):
+        for got, want in zip(solve(scores, mask, labels, T), solve(scores, mask, labels, same)):
+            assert torch.equal(got, want)
+    assert torch.equal(filtered_marginals(scores, mask, labels, T),
+                       filtered_marginals(scores, mask, labels, same))
+    leaf = T.clone().requires_grad_(True)
+    filtered_log_partition(scores, mask, labels, leaf).sum().backward()
+    assert leaf.grad.dtype == t_dtype and leaf.grad.abs().sum() > 0
+
+
 def test_compaction_cuts_clusters_and_solves_cliques_directly():
     mask = torch.zeros((1, 30, 4), dtype=torch.bool)
     mask[0, 2, 0] = True  # alone: a clique of one

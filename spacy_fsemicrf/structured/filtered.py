@@ -456,6 +456,8 @@ def _solve(
         raise ValueError(f"mode must be one of {SOLVE_MODES}, got {mode!r}")
     B, L, K = shape
     n, device = index.numel(), scores.device
+    if transitions is not None:  # in the scores' precision, as the other structured heads
+        transitions = transitions.to(scores.dtype)
     want_best = mode in ("viterbi", "decode")
     want_marginals = mode in ("marginals", "decode")
     comp = compact(index, shape, by_cluster=transitions is None)
