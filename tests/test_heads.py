@@ -792,6 +792,21 @@ def test_lengths_that_are_not_integers_are_a_clear_error(name, lengths, call):
         run()
 
 
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_gold_rows_that_are_not_whole_numbers_are_a_clear_error(name):
+    """Float gold rows were truncated: (0, 0.5, 1, 1) trained on the span 0..1."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K)
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 3])
+    for bad in ([[0.0, 0.5, 1.0, 1.0]], [[0.0, 0.0, 1.0, float("nan")]]):
+        with pytest.raises(ValueError, match=r"^gold spans must be whole numbers"):
+            head(X, lengths, torch.tensor(bad))
+    # whole numbers in a float tensor read as before, and so does an empty float tensor
+    whole = head(X, lengths, torch.tensor([[0.0, 0.0, 1.0, 1.0]]))
+    assert torch.isfinite(whole)
+    assert torch.isfinite(head(X, lengths, torch.zeros((0, 4))))
+
+
 @pytest.mark.parametrize("rows, message", [
     ([[0, 1, 2, 0]], "^span labels must be entity ids >= 1"),
     ([[0, 1, 2, M + 1]], f"^span label {M + 1} is not one of the {M} labels$"),

@@ -89,7 +89,10 @@ def check_span_rows(
     """The columns ``(doc, start, end, label)`` of span rows ``[N, 4]`` (on the device of
     ``lengths``), once checked: a ``ValueError`` (naming the rows ``what``) for a row that does
     not fit the batch's shape, a span outside its document, wider than ``max_width`` (if
-    given), or with a label below 1 or above ``n_labels`` (if given)."""
+    given), or with a label below 1 or above ``n_labels`` (if given), and for a floating-point
+    entry that is not a whole number (it would be truncated to another token or label)."""
+    if rows.is_floating_point() and not bool((rows == rows.trunc()).all()):
+        raise ValueError(f"{what}s must be whole numbers (doc, start, end, label)")
     rows = rows.to(lengths.device).long()
     if rows.numel() == 0:
         rows = rows.reshape(0, 4)
