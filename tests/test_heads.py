@@ -869,3 +869,15 @@ def test_unchecked_rows_give_the_checked_values():
                 assert torch.equal(crf_conf, want[0]) and torch.equal(gold, want[1])
     with pytest.raises(ValueError):
         semicrf_gold_score(scores, lengths, torch.tensor([[0, 0, 1, 0]]), semi.transitions)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_double_head_computes_its_loss_in_double(name):
+    """``head.double()`` trains in float64 (gradcheck holds): the heads sum half-precision
+    scores in float32, and cast a double head's scores to float32 too."""
+    torch.manual_seed(0)
+    head = HEADS[name](3, 2, max_width=2, hidden_width=4, dropout=0.0).double()
+    X = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    lengths, gold = torch.tensor([4, 3]), torch.tensor([[0, 0, 1, 1], [1, 2, 2, 2]])
+    assert head(X, lengths, gold).dtype == torch.float64
+    assert torch.autograd.gradcheck(lambda x: head(x, lengths, gold), (X,))

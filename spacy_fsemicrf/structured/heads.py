@@ -78,6 +78,12 @@ PREDICT_BLOCK = 2048
 PREDICT_CHUNK_ELEMENTS = 2**18
 
 
+def _wide(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` in float32, or float64 in a double head: half-precision scores (CUDA
+    autocast) are summed in float32, and a double head computes its losses in double."""
+    return scores if scores.dtype == torch.float64 else scores.float()
+
+
 def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
     """A ``ValueError`` unless ``X`` is ``[B, L, D]`` and ``lengths`` ``[B]`` integers, each
     length between 0 and ``L``."""
@@ -392,7 +398,7 @@ class FilteredSemiCRFHead(nn.Module):
         grid = gold_label_grid(gold, lengths, L, K, C - 1)
         valid = span_mask(lengths, L, K)
         ce = nn.functional.cross_entropy(
-            local.reshape(-1, C).float(), grid.reshape(-1), reduction="none"
+            _wide(local.reshape(-1, C)), grid.reshape(-1), reduction="none"
         ).view(B, L, K)
         weight = torch.where(grid > 0, 1.0, self.null_weight) * valid
         if self.focal_gamma > 0:
@@ -402,7 +408,7 @@ class FilteredSemiCRFHead(nn.Module):
         if self.boundary_smoothing > 0:
             loss_local = loss_local + self._smoothing_correction(local, lengths, gold)
         if self.exact_loss > 0:
-            exact = glob.float()
+            exact = _wide(glob)
             loss_local = loss_local + self.exact_loss * (
                 semicrf_log_partition(exact, lengths, None)
                 - semicrf_gold_score(exact, lengths, gold, None)
@@ -410,15 +416,15 @@ class FilteredSemiCRFHead(nn.Module):
         mask, labels = filtered.training_nodes(local.detach(), lengths, grid,
                                                overlapping_only=not self.null_tokens,
                                                margin=self.train_margin)
-        scores = glob.float().gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        scores = _wide(glob).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         if self.refiner is not None:
             index = filtered.grid_index(mask)
             refined = self.refine(glob, index, labels.view(-1)[index], tokens)
-            refined = refined.to(scores.dtype)  # (float32 losses in a double head too)
+            refined = refined.to(scores.dtype)
             scores = scores.reshape(-1).index_copy(0, index, refined).view_as(scores)
         if self.null_tokens:
             return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid)
-        T = None if self.transitions is None else self.transitions.float()
+        T = None if self.transitions is None else _wide(self.transitions)
         log_z = filtered.filtered_log_partition(scores, mask, labels, T)
         gold_score = filtered.path_score(scores, grid > 0, labels, T)
         return loss_local + (log_z - gold_score).sum()
@@ -445,7 +451,7 @@ class FilteredSemiCRFHead(nn.Module):
     def _null_scores(glob: torch.Tensor) -> torch.Tensor:
         """``[B, L]``: each token's null score, the global head's null output at its width-1
         span (an output the paper's graph leaves unused)."""
-        return glob[:, :, 0, 0].float()
+        return _wide(glob[:, :, 0, 0])
 
     def _smoothing_correction(
         self, local: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor
@@ -456,9 +462,9 @@ class FilteredSemiCRFHead(nn.Module):
         eps = self.boundary_smoothing
         gold = gold.to(local.device).long().view(-1, 4)
         doc, start, end, label = gold.unbind(-1)
-        at_gold = local[doc, start, end - start].float()  # [G, C]
+        at_gold = _wide(local[doc, start, end - start])  # [G, C]
         rows, share = boundary_neighbors(gold, lengths, self.max_width)
-        at_next = local[rows[:, 0], rows[:, 1], rows[:, 2]].float()  # [N, C]
+        at_next = _wide(local[rows[:, 0], rows[:, 1], rows[:, 2]])  # [N, C]
         to_null = (at_gold.gather(1, label.unsqueeze(1)) - at_gold[:, :1]).sum()
         to_label = share * (at_next[:, 0] - at_next.gather(1, rows[:, 3:]).squeeze(1))
         return eps * (to_null + self.null_weight * to_label.sum())
@@ -541,7 +547,7 @@ class FilteredSemiCRFHead(nn.Module):
         return Prediction(nodes.spans(best), conf[best], path, candidates, None)
 
     def _transitions(self) -> Optional[torch.Tensor]:
-        return None if self.transitions is None else self.transitions.detach().float()
+        return None if self.transitions is None else _wide(self.transitions.detach())
 
     @torch.no_grad()
     def nbest(
@@ -614,7 +620,7 @@ class SemiCRFHead(nn.Module):
         one token) hold NEG."""
         check_batch(X, lengths)
         context = self.word_pool(self.context(X, lengths), lengths, words)
-        scores = self.scorer(context, lengths).float()
+        scores = _wide(self.scorer(context, lengths))
         B, L, K, C = scores.shape
         keep = span_mask(lengths, L, K).unsqueeze(-1).expand(B, L, K, C).clone()
         keep[:, :, 1:, 0] = False
@@ -630,7 +636,7 @@ class SemiCRFHead(nn.Module):
     ) -> HeadOutput:
         """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
         scores = self.span_scores(X, lengths, words)
-        T = None if self.transitions is None else self.transitions.float()
+        T = None if self.transitions is None else _wide(self.transitions)
         if gold is not None:
             log_z = semicrf_log_partition(scores, lengths, T)
             return (log_z - semicrf_gold_score(scores, lengths, gold, T)).sum()
@@ -643,7 +649,7 @@ class SemiCRFHead(nn.Module):
         """The best segmentation under the segment ``scores [B, L, K, C]`` and what
         ``options`` asks for besides."""
         check_scores(scores)
-        T = None if self.transitions is None else self.transitions.detach().float()
+        T = None if self.transitions is None else _wide(self.transitions.detach())
         spans, best = semicrf_viterbi(scores, lengths, T)
         reports = None
         if options.constrained():
@@ -670,7 +676,7 @@ class SemiCRFHead(nn.Module):
         self, X: torch.Tensor, lengths: torch.Tensor, k: int, words: Optional[torch.Tensor] = None
     ) -> List[List[Segmentation]]:
         """The ``k`` best segmentations of each document, with their probabilities."""
-        T = None if self.transitions is None else self.transitions.detach().float()
+        T = None if self.transitions is None else _wide(self.transitions.detach())
         scores = self.span_scores(X, lengths, words)
         check_scores(scores)
         return semicrf_nbest(scores, lengths, T, k)
@@ -716,7 +722,7 @@ class LinearCRFHead(nn.Module):
     ) -> torch.Tensor:
         """``[B, L, n_tags]`` tag scores of every token."""
         check_batch(X, lengths)
-        return self.emitter(self.word_pool(self.context(X, lengths), lengths, words)).float()
+        return _wide(self.emitter(self.word_pool(self.context(X, lengths), lengths, words)))
 
     def forward(
         self,
@@ -728,7 +734,7 @@ class LinearCRFHead(nn.Module):
     ) -> HeadOutput:
         """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
         emissions = self.emissions(X, lengths, words)
-        T = self.transitions.float()
+        T = _wide(self.transitions)
         allowed = self.allowed.to(emissions.device)
         if gold is not None:
             tags = spans_to_tags(gold.to(emissions.device), lengths, X.shape[1], self.scheme)
@@ -743,7 +749,7 @@ class LinearCRFHead(nn.Module):
         """The best valid tag sequence under ``emissions [B, L, n_tags]``, as entities, and
         what ``options`` asks for besides."""
         check_scores(emissions)
-        T = self.transitions.detach().float()
+        T = _wide(self.transitions.detach())
         allowed = self.allowed.to(emissions.device)
         tags, best = crf_viterbi(emissions, T, lengths, allowed)
         reports = None
@@ -775,7 +781,7 @@ class LinearCRFHead(nn.Module):
     ) -> List[List[Segmentation]]:
         """The ``k`` best tag sequences of each document, as entities, with their probabilities."""
         allowed = self.allowed.to(X.device)
-        T = self.transitions.detach().float()
+        T = _wide(self.transitions.detach())
         emissions = self.emissions(X, lengths, words)
         check_scores(emissions)
         return crf_nbest(emissions, T, lengths, self.scheme, k, allowed)
