@@ -636,3 +636,16 @@ def test_grids_that_do_not_fit_are_clear_errors():
         filtered_log_partition(scores, mask)
     with pytest.raises(ValueError, match=r"share one \[B, L, K\] shape, got \(2, 5, 3\), \(2, 4, 3\)"):
         filtered_viterbi(torch.zeros((2, 5, 3)), mask)
+
+
+def test_transitions_without_labels_are_a_clear_error():
+    """Without labels, log Z read every node as the null label's row of the transitions, and
+    path_score raised a TypeError."""
+    mask = torch.zeros(1, 4, 2, dtype=torch.bool)
+    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 1] = True
+    scores, T = torch.randn(1, 4, 2), torch.randn(3, 3)
+    for solve in (filtered_log_partition, filtered_viterbi, filtered_marginals, filtered_decode):
+        with pytest.raises(ValueError, match="transitions need the nodes' labels"):
+            solve(scores, mask, None, T)
+    with pytest.raises(ValueError, match="transitions need the nodes' labels"):
+        path_score(scores, mask, None, T)

@@ -457,6 +457,8 @@ def _solve(
     B, L, K = shape
     n, device = index.numel(), scores.device
     if transitions is not None:  # in the scores' precision, as the other structured heads
+        if labels is None:  # (without them every node would read the null label's row)
+            raise ValueError("transitions need the nodes' labels")
         transitions = transitions.to(scores.dtype)
     want_best = mode in ("viterbi", "decode")
     want_marginals = mode in ("marginals", "decode")
@@ -506,7 +508,7 @@ def _solve_grid(
     """:func:`_solve` for nodes given as ``[B, L, K]`` grids (only the nodes' entries are read;
     the rest of ``node_scores`` may hold anything), its per-node results back on the grid.
     A node scored ``-inf`` is one no path can take with any probability (NaN-free: its score
-    becomes :data:`~.semiring.NEG`)."""
+    becomes :data:`~.semiring.NEG`); a NaN score is not checked for (the heads check theirs)."""
     if node_scores.shape != node_mask.shape or (
             node_labels is not None and node_labels.shape != node_mask.shape):
         raise ValueError(
@@ -623,6 +625,8 @@ def path_score(
     total = (node_scores * path_mask).sum((1, 2))
     if transitions is None:
         return total
+    if node_labels is None:
+        raise ValueError("transitions need the nodes' labels")
     doc, start, width = path_mask.nonzero(as_tuple=True)  # sorted by (doc, start)
     if doc.numel() == 0:
         return total
