@@ -33,7 +33,8 @@ from . import fork_safety
 from .architectures import ModelInput, model_is_initialized, model_nbest, model_torch_head
 from .augment import AUGMENTED
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
-from .doc_constraints import check_constraints, constraints_of_docs, doc_own_constraints
+from .doc_constraints import (
+    check_constraints, constraints_of_docs, doc_own_constraints, sentence_scope_unsegmented)
 from .scorer import ner_score
 from .structured.constrained import ConstraintReport, empty_document_report
 from .structured.constraints import (
@@ -220,6 +221,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.candidates_key = candidates_key
         self.constraints = constraints or []
         self._warned_uncalibrated = False  # (initialize and loading set it)
+        self._warned_unsegmented = False  # (a sentence scope on a doc without sentences)
         _prepare_process()
         self.n_wide_dropped = 0
         """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
@@ -580,6 +582,13 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         _prepare_process()  # (an unpickled component was never __init__-ed)
         docs = list(docs)
         constraints = constraints_of_docs(docs, self._constraints + extra, self.labels, self.name)
+        if not getattr(self, "_warned_unsegmented", False) and sentence_scope_unsegmented(
+                docs, constraints):
+            self._warned_unsegmented = True
+            logger.warning(
+                "%s: a constraint with scope 'sentence' is applied to a document without "
+                "sentence boundaries, which then counts as one sentence: add a sentencizer, "
+                "senter or parser before the component, or use scope 'doc'", self.name)
         options = DecodeOptions(path=True, candidates=self._candidates_key is not None,
                                 constraints=constraints)
         if not any(len(doc) for doc in docs):

@@ -61,6 +61,21 @@ def constraints_of_docs(
     return out if any(c is not None for c in out) else None
 
 
+def sentence_scope_unsegmented(
+    docs: Sequence[Doc], constraints: Optional[List[Optional[DocConstraints]]]
+) -> bool:
+    """Whether a document of several tokens without sentence boundaries is decoded under a
+    constraint of scope ``"sentence"``: the whole document then counts as one sentence."""
+    if constraints is None:
+        return False
+    for doc, found in zip(docs, constraints):
+        if found is None or len(doc) < 2 or doc.has_annotation("SENT_START"):
+            continue
+        if any(getattr(c, "scope", "doc") == "sentence" for c in found.program.constraints):
+            return True
+    return False
+
+
 def doc_own_constraints(
     doc: Doc, labels: Tuple[str, ...], component: str, warn: bool = True
 ) -> Tuple[Constraint, ...]:

@@ -93,6 +93,30 @@ def test_constraints_per_call_and_per_document(trained, caplog):
         f"fsemicrf_ner: the constraints in doc.user_data[{USER_DATA_KEY!r}] are left out: ")
 
 
+def test_a_sentence_scope_on_a_document_without_sentences_warns_once(trained, caplog):
+    """Without sentence boundaries (no sentencizer, senter or parser before the component) a
+    document is one sentence, so a per-sentence count acts on the whole document: say so."""
+    ner = trained.get_pipe("fsemicrf_ner")
+    ner._warned_unsegmented = False  # whatever ran before on the shared pipeline
+    two = TWO_ORGS + " " + TWO_ORGS
+    per_sentence = [{"kind": "at_most", "label": "ORG", "n": 1, "scope": "sentence"}]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        docs = list(ner.pipe([trained.make_doc(two), trained.make_doc(two)],
+                             constraints=per_sentence))
+    assert [len(labels_of(d, "ORG")) for d in docs] == [1, 1]  # one sentence
+    warned = [r.getMessage() for r in caplog.records if "sentence boundaries" in r.getMessage()]
+    assert len(warned) == 1 and "scope 'sentence'" in warned[0]
+    caplog.clear()
+    ner._warned_unsegmented = False
+    split = trained.make_doc(two)
+    for token in split:
+        token.is_sent_start = token.i in (0, len(split) // 2)
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        doc = ner(split, constraints=per_sentence)
+    assert len(labels_of(doc, "ORG")) == 2  # one per sentence
+    assert not [r for r in caplog.records if "sentence boundaries" in r.getMessage()]
+
+
 def test_document_constraints_too_many_with_the_components_are_left_out(trained, caplog):
     """Each set alone fits the search (31 states); together they need 961, more than
     MAX_STATES. The combined set was compiled outside the check and stopped the whole pipe."""

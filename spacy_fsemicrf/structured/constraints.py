@@ -21,10 +21,11 @@ Kinds (the dict form is how they appear in a config or in ``doc.user_data``):
 
 Token offsets are spaCy's (``end`` exclusive). An entity belongs to the sentence of its first
 token; ``scope = "sentence"`` applies the constraint to every sentence, the ones without any
-entity included. The "count" kinds (the first five) compile to a small deterministic automaton
-over entity labels (:class:`Automaton`): a state is a tuple of counters and flags, so an exact
-search over (position, state) enforces them with no relaxation. The last two are enforced by
-removing the items (nodes, segments, tags) that contradict them.
+entity included (the spaCy component takes the sentences from the document: one without
+sentence boundaries is one sentence). The "count" kinds (the first five) compile to a small
+deterministic automaton over entity labels (:class:`Automaton`): a state is a tuple of counters
+and flags, so an exact search over (position, state) enforces them with no relaxation. The last
+two are enforced by removing the items (nodes, segments, tags) that contradict them.
 """
 import operator
 from dataclasses import asdict, dataclass, fields
