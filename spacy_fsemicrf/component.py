@@ -312,7 +312,24 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     @constraints.setter
     def constraints(self, items: Optional[Iterable[Any]]) -> None:
-        self._constraints = check_constraints(items, self.labels)
+        self._constraints = self._decodable(check_constraints(items, self.labels))
+
+    @property
+    def _decodes_constraints(self) -> bool:
+        """False for the filtered head with ``null_tokens = true``: it has no constrained or
+        n-best decoding."""
+        kwargs = self.model.get_ref("head").attrs.get("head_kwargs", {})
+        return not kwargs.get("null_tokens", False)
+
+    def _decodable(self, constraints: Tuple[Constraint, ...]) -> Tuple[Constraint, ...]:
+        """``constraints``, or a ``ValueError`` if there are some and the head cannot obey them."""
+        if constraints and not self._decodes_constraints:
+            raise ValueError(
+                f"[{self.name}] constraints need constrained decoding, which the filtered head "
+                f"with null_tokens = true does not have: leave constraints empty or train with "
+                f"null_tokens = false"
+            )
+        return constraints
 
     @property
     def calibration(self) -> Optional[Dict[str, Any]]:
@@ -558,7 +575,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """Annotate a stream of documents; ``constraints`` (given e.g. through
         ``nlp.pipe(..., component_cfg={name: {"constraints": [...]}})``) are added to the
         component's for this call."""
-        extra = check_constraints(constraints, self.labels)
+        extra = self._decodable(check_constraints(constraints, self.labels))
         error_handler = self.get_error_handler()
         for docs in minibatch(stream, size=batch_size):
             # the call's constraints travel with its prediction, never on the component:
@@ -581,7 +598,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         and each document's."""
         _prepare_process()  # (an unpickled component was never __init__-ed)
         docs = list(docs)
-        constraints = constraints_of_docs(docs, self._constraints + extra, self.labels, self.name)
+        constraints = constraints_of_docs(docs, self._constraints + extra, self.labels, self.name,
+                                          own=self._decodes_constraints)
         if not getattr(self, "_warned_unsegmented", False) and sentence_scope_unsegmented(
                 docs, constraints):
             self._warned_unsegmented = True
@@ -660,6 +678,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """The spans ``(start, end inclusive)`` that a ``force_span`` constraint of the
         component or of ``doc`` makes an entity as they are."""
         # no warning about the document's invalid constraints: predict has given it
+        if not self._decodes_constraints:  # (a document's own were left out)
+            return set()
         found = self._constraints + doc_own_constraints(doc, self.labels, self.name, warn=False)
         return {(c.start, c.end - 1) for c in found if isinstance(c, ForceSpan)}
 

@@ -38,12 +38,22 @@ def constraints_of_docs(
     shared: Tuple[Constraint, ...],
     labels: Tuple[str, ...],
     component: str,
+    own: bool = True,
 ) -> Optional[List[Optional[DocConstraints]]]:
     """One entry per document (None where it has no constraints), or None when no document
-    has any. ``shared`` are the component's and the call's constraints (already checked)."""
+    has any. ``shared`` are the component's and the call's constraints (already checked).
+    ``own=False`` (a head without constrained decoding) leaves the documents' own constraints
+    out, with a warning for each document that has some."""
     out: List[Optional[DocConstraints]] = []
     for doc in docs:
-        found = shared + doc_own_constraints(doc, labels, component)
+        if own:
+            found = shared + doc_own_constraints(doc, labels, component)
+        else:
+            found = shared
+            if doc.user_data.get(USER_DATA_KEY):
+                logger.warning("%s: the constraints in doc.user_data[%r] are left out: the "
+                               "filtered head with null_tokens = true has no constrained "
+                               "decoding", component, USER_DATA_KEY)
         try:
             program = compile_constraints(found, labels) if found else None
         except ValueError as err:  # valid alone, too many search states together

@@ -259,6 +259,41 @@ def test_a_pipeline_with_null_tokens_learns_saves_and_loads(tmp_path):
     assert predicted_set(loaded.pipe(texts)) == predicted_set(docs)
 
 
+def test_a_pipeline_with_null_tokens_refuses_constraints_up_front(caplog):
+    """The head has no constrained decoding: constraints in the config, on the component or
+    for a call fail when given, not at each prediction, and a document's own are left out
+    with a warning instead of stopping the pipe."""
+    import logging
+
+    import spacy
+
+    from spacy_fsemicrf.doc_constraints import USER_DATA_KEY
+    try:
+        from .conftest import make_examples, model_config
+    except ImportError:  # pragma: no cover - tests run as a plain directory
+        from conftest import make_examples, model_config
+    rule = [{"kind": "at_most", "label": "ORG", "n": 0}]
+    message = "constraints need constrained decoding, which the filtered head with null_tokens"
+    with pytest.raises(ValueError, match=message):
+        spacy.blank("en").add_pipe("fsemicrf_ner", config={
+            "model": model_config(null_tokens=True), "constraints": rule})
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(null_tokens=True)})
+    nlp.initialize(lambda: make_examples(nlp))
+    with pytest.raises(ValueError, match=message):
+        ner.constraints = rule
+    with pytest.raises(ValueError, match=message):
+        list(nlp.pipe(["Apple is in London ."],
+                      component_cfg={"fsemicrf_ner": {"constraints": rule}}))
+    docs = [nlp.make_doc("Apple is in London ."), nlp.make_doc("Google is in Paris .")]
+    docs[1].user_data[USER_DATA_KEY] = rule
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        docs = list(nlp.pipe(docs))
+    assert all(ner.spans_key in doc.spans for doc in docs)
+    left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(left_out) == 1 and "null_tokens = true" in left_out[0]
+
+
 def test_training_nodes_at_a_margin_are_the_inference_nodes_at_that_margin_plus_gold():
     gen = torch.Generator().manual_seed(11)
     local = torch.randn((2, 9, 3, 4), generator=gen)
