@@ -437,6 +437,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="the training corpus (.spacy): record the entity texts seen in "
                         "training, for a pipeline trained before the component recorded them")
     args = parser.parse_args(argv)
+    for corpus in (args.dev, args.train):  # before the pipeline loads: that takes a while
+        if corpus is not None and not corpus.is_file():
+            parser.error(f"no such corpus file: {corpus}")
     output = args.output if args.output is not None else Path(args.model)
     if args.output is None and not output.is_dir():
         parser.error(f"{args.model} is not a directory: give --output")

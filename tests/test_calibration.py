@@ -996,6 +996,16 @@ def test_the_command_calibrates_a_saved_pipeline(small_nlp, tmp_path, capsys):
     assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").seen_entities.tolist() == expected
 
 
+def test_the_command_names_a_missing_corpus_before_loading_the_pipeline(capsys, monkeypatch):
+    monkeypatch.setattr(calibration.spacy, "load", lambda *a, **k: pytest.fail("loaded"))
+    for argv in (["model", "no_such_dev.spacy"],
+                 ["model", __file__, "--train", "no_such_train.spacy"]):
+        with pytest.raises(SystemExit) as exit_info:
+            calibration.main(argv)
+        assert exit_info.value.code == 2
+        assert f"error: no such corpus file: {argv[-1]}" in capsys.readouterr().err
+
+
 def _confidence_script():
     spec = importlib.util.spec_from_file_location(
         "confidence_script", Path(__file__).parent.parent / "scripts" / "confidence.py"
