@@ -19,6 +19,8 @@ COMMANDS = {
 def main(argv: List[str]) -> int:
     if argv and argv[0] in COMMANDS:
         return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    if argv and argv[0] not in ("-h", "--help"):
+        print(f"unknown command {argv[0]!r}\n", file=sys.stderr)
     print(__doc__.strip(), file=sys.stderr)
     return 0 if argv[:1] in (["-h"], ["--help"]) else 2
 
