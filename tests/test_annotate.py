@@ -436,3 +436,40 @@ def test_the_module_command_dispatches(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["annotate", "--help"])
     assert exit_info.value.code == 0 and "--scheduler" in capsys.readouterr().out
+
+
+def test_a_rerun_after_the_input_was_edited_is_refused(model_dir, tmp_path):
+    """An edit that keeps every line's length keeps the layout of the shards, not the content."""
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    texts = ["John Smith works for Google in Paris .", "Mary flew to Berlin on Monday ."]
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    db = DocBin(docs=[spacy.blank("en").make_doc(t) for t in texts])
+    db.to_disk(corpus / "b.spacy")
+    out = tmp_path / "out"
+    from spacy_fsemicrf.annotate.shards import prepare_output
+
+    prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
+    prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))  # the same input: accepted
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": t.replace("Paris", "Rome.")})
+                                            + "\n" for t in texts))
+    with pytest.raises(AnnotateError, match="another input"):
+        prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
+    DocBin(docs=[spacy.blank("en").make_doc(t.replace("Mary", "Anna")) for t in texts]).to_disk(
+        corpus / "b.spacy")
+    with pytest.raises(AnnotateError, match="another input"):
+        prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
+
+
+def test_a_manifest_without_digests_is_compared_by_layout(model_dir, corpus, tmp_path):
+    from spacy_fsemicrf.annotate.shards import prepare_output
+
+    out = tmp_path / "out"
+    prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
+    manifest = json.loads((out / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        del shard["digest"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))

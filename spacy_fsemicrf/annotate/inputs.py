@@ -9,6 +9,7 @@ Document ids: the record's ``id`` (``.jsonl``) or ``doc.user_data["id"]`` (``.sp
 ``"<file>:<n>"`` with the file's path relative to INPUT and the document's 0-based position.
 """
 import functools
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class Shard:
     count: int
     offset: int = 0  # .jsonl: byte offset of the first record
     line: int = 0  # .jsonl: 1-based line number of the first record
+    digest: str = ""  # the file's content (BLAKE2b) when the run was planned
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -65,16 +67,18 @@ def plan_shards(path: Path, shard_size: int) -> List[Shard]:
     shards: List[Shard] = []
     for file, name in input_files(path):
         if file.suffix == ".jsonl":
-            starts = _jsonl_record_starts(file)
+            starts, digest = _jsonl_record_starts(file)
             for first in range(0, len(starts), shard_size):
                 offset, line = starts[first]
                 count = min(shard_size, len(starts) - first)
-                shards.append(Shard(len(shards), str(file), name, first, count, offset, line))
+                shards.append(Shard(len(shards), str(file), name, first, count, offset, line,
+                                    digest))
         else:
             n_docs = len(_load_docbin(str(file), *_stamp(file)))
+            digest = _file_digest(file)
             for first in range(0, n_docs, shard_size):
                 count = min(shard_size, n_docs - first)
-                shards.append(Shard(len(shards), str(file), name, first, count))
+                shards.append(Shard(len(shards), str(file), name, first, count, digest=digest))
     return shards
 
 
@@ -88,19 +92,33 @@ def read_shard(shard: Shard, vocab: Vocab) -> Tuple[List[Any], List[Any]]:
     return _read_spacy(shard, vocab)
 
 
-def _jsonl_record_starts(file: Path) -> List[Tuple[int, int]]:
-    """``(byte offset, line number)`` of every non-blank line."""
+def _jsonl_record_starts(file: Path) -> Tuple[List[Tuple[int, int]], str]:
+    """``(byte offset, line number)`` of every non-blank line, and the file's digest."""
     starts = []
     offset = 0
+    digest = hashlib.blake2b(digest_size=16)
     try:
         with file.open("rb") as f:
             for number, raw in enumerate(f, start=1):
+                digest.update(raw)
                 if raw.strip():
                     starts.append((offset, number))
                 offset += len(raw)
     except OSError as err:
         raise AnnotateError(f"cannot read {file}: {err}") from err
-    return starts
+    return starts, digest.hexdigest()
+
+
+def _file_digest(file: Path) -> str:
+    """BLAKE2b of the file's content: a rerun into the same OUTPUT must read the same input."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as err:
+        raise AnnotateError(f"cannot read {file}: {err}") from err
+    return digest.hexdigest()
 
 
 def _read_jsonl(shard: Shard) -> Tuple[List[str], List[Any]]:

@@ -1,7 +1,8 @@
 """The output of ``annotate``: shard files written atomically, the manifest, entities.jsonl.
 
 OUTPUT/
-    manifest.json            the model, the shard size and every shard (checked on a rerun)
+    manifest.json            the model, the shard size and every shard with a digest of its
+                             file's content (checked on a rerun)
     shards/000000.spacy      the annotated documents of shard 0 (ids in doc.user_data["id"])
     shards/000000.jsonl      their entities, one JSON object a line
     entities.jsonl           every shard's entities in input order, written at the end
@@ -188,6 +189,10 @@ def prepare_output(output: Path, model: str, shard_size: int, shards: List[Shard
     (output / "shards").mkdir(parents=True, exist_ok=True)
     if path.exists():
         previous = _read_manifest(path)
+        if any("digest" not in shard for shard in previous.get("shards", [])):
+            # written before the manifest recorded the files' content: the layout is compared
+            manifest["shards"] = [{k: v for k, v in shard.items() if k != "digest"}
+                                  for shard in manifest["shards"]]
         for field in ("model", "shard_size", "shards"):
             if previous.get(field) != manifest[field]:
                 what = "input" if field == "shards" else field.replace("_", " ")
