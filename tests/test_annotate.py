@@ -299,6 +299,12 @@ def test_an_output_that_is_a_file_fails_clearly(model_dir, corpus, tmp_path):
         annotate(str(model_dir), corpus, tmp_path / "out", progress=False)
 
 
+def test_an_output_that_cannot_be_created_fails_clearly(model_dir, corpus, tmp_path):
+    (tmp_path / "a_file").write_text("a file")
+    with pytest.raises(AnnotateError, match="cannot create OUTPUT .*a_file/out: .*Not a dir"):
+        annotate(str(model_dir), corpus, tmp_path / "a_file" / "out", progress=False)
+
+
 def test_output_files_are_readable_as_the_umask_allows(tmp_path):
     """mkstemp creates 0600 files; renamed into place they kept that mode, so another user's
     downstream job could not read the shards."""

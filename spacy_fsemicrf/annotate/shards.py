@@ -186,7 +186,10 @@ def prepare_output(output: Path, model: str, shard_size: int, shards: List[Shard
     for folder in (output, output / "shards"):
         if folder.exists() and not folder.is_dir():
             raise AnnotateError(f"OUTPUT {output} must be a directory: {folder} is a file")
-    (output / "shards").mkdir(parents=True, exist_ok=True)
+    try:
+        (output / "shards").mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a parent that is a file, no permission, a read-only file system
+        raise AnnotateError(f"cannot create OUTPUT {output}: {err}") from err
     if path.exists():
         previous = _read_manifest(path)
         if any("digest" not in shard for shard in previous.get("shards", [])):
@@ -201,7 +204,10 @@ def prepare_output(output: Path, model: str, shard_size: int, shards: List[Shard
                     f"OUTPUT directory, or rerun with the same model, input and shard size"
                 )
         return
-    _replace(path, json.dumps(manifest, indent=1).encode("utf8"))
+    try:
+        _replace(path, json.dumps(manifest, indent=1).encode("utf8"))
+    except OSError as err:
+        raise AnnotateError(f"cannot write into OUTPUT {output}: {err}") from err
 
 
 def _read_manifest(path: Path) -> Dict[str, Any]:
