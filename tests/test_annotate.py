@@ -305,6 +305,16 @@ def test_an_output_that_cannot_be_created_fails_clearly(model_dir, corpus, tmp_p
         annotate(str(model_dir), corpus, tmp_path / "a_file" / "out", progress=False)
 
 
+def test_an_output_inside_the_input_directory_is_refused(model_dir, tmp_path):
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text(json.dumps({"text": "Mary flew to Berlin ."}) + "\n")
+    for output in (corpus / "annotated", corpus):
+        with pytest.raises(AnnotateError, match="inside the INPUT directory"):
+            annotate(str(model_dir), corpus, output, progress=False)
+    assert sorted(p.name for p in corpus.iterdir()) == ["a.jsonl"]
+
+
 def test_output_files_are_readable_as_the_umask_allows(tmp_path):
     """mkstemp creates 0600 files; renamed into place they kept that mode, so another user's
     downstream job could not read the shards."""

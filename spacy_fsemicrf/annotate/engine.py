@@ -180,8 +180,12 @@ def annotate(
     if client is None and Client is None:
         raise AnnotateError(NO_DASK)
     model = resolve_model(model, must_exist_here=client is None and not scheduler)
-    shards = plan_shards(Path(input_path), shard_size)
     output = Path(output)
+    if Path(input_path).is_dir() and output.resolve().is_relative_to(Path(input_path).resolve()):
+        # the next run into it (a rerun after a crash, say) would read the output as input
+        raise AnnotateError(f"OUTPUT {output} is inside the INPUT directory {input_path}: "
+                            f"write it elsewhere")
+    shards = plan_shards(Path(input_path), shard_size)
     prepare_output(output, model, shard_size, shards)
     remove_temporary(output)
     done = finished_shards(output, shards)
