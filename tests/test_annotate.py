@@ -183,6 +183,25 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def test_a_relative_output_is_written_where_the_driver_runs(client, model_dir, corpus, expected,
+                                                           tmp_path, monkeypatch):
+    """Workers started elsewhere (``dask worker`` in another directory) write OUTPUT at the
+    path the driver means."""
+    (tmp_path / "driver").mkdir()
+    (tmp_path / "workers").mkdir()
+    monkeypatch.chdir(tmp_path / "driver")
+    cwds = client.run(os.getcwd)
+    client.run(os.chdir, str(tmp_path / "workers"))
+    try:
+        annotate(str(model_dir), corpus, Path("out"), client=client, shard_size=SHARD,
+                 batch_size=BATCH, progress=False)
+    finally:
+        for cwd in set(cwds.values()):
+            client.run(os.chdir, cwd)
+    check_output(tmp_path / "driver" / "out", expected, spacy.blank("en").vocab)
+    assert not list((tmp_path / "workers").iterdir())
+
+
 def test_an_interrupted_run_finishes_on_rerun(client, model_dir, corpus, expected, tmp_path):
     out = tmp_path / "out"
     args = [str(model_dir), str(corpus), str(out), "--shard-size", str(SHARD // 2),

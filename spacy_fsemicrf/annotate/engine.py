@@ -232,8 +232,10 @@ def _run_tasks(client, model: str, todo: List[Shard], shards: List[Shard], outpu
         return
     by_key = {}
     futures = []
+    # absolute, as the input files and a model directory are: workers run in their own cwd
+    where = os.path.abspath(output)
     for shard in todo:
-        future = client.submit(annotate_shard, model, shard, str(output), batch_size, pure=False)
+        future = client.submit(annotate_shard, model, shard, where, batch_size, pure=False)
         by_key[future.key] = shard
         futures.append(future)
     total = sum(s.count for s in shards)
