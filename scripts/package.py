@@ -9,9 +9,14 @@ wheel: ``pip install OUTPUT_DIR/*.whl`` then installs both (and fetches spaCy an
 public dependencies from the package index; install torch first, the build you want).
 
 Older wheels of the same two packages in OUTPUT_DIR are removed first, because pip refuses two
-versions of one package in a single install command.
+versions of one package in a single install command. The spacy-fsemicrf wheel's version carries
+a digest of its source as a local label (``0.1.0+src.1a2b3c4d5e6f``): pip keeps an installed
+package whose version equals the wheel's, so without it a machine that has the wheel of an
+earlier build would keep running that build's code beside the new model.
 """
 import argparse
+import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -58,11 +63,32 @@ def build_package_wheel(output_dir: Path) -> Path:
             shutil.copy2(REPO / name, src / name)
         shutil.copytree(REPO / SOURCE_PACKAGE, src / SOURCE_PACKAGE,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        label_version(src / SOURCE_PACKAGE / "__init__.py", source_digest(src))
         dist = Path(scratch) / "dist"
         run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
              "--quiet", "--wheel-dir", str(dist), str(src)])
         (wheel,) = dist.glob("spacy_fsemicrf-*.whl")
         return Path(shutil.move(str(wheel), output_dir / wheel.name))
+
+
+def source_digest(src: Path) -> str:
+    """A digest of every file under ``src`` (names and content)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(src).as_posix().encode("utf8") + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def label_version(init: Path, digest: str) -> str:
+    """Give ``__version__`` in ``init`` the local label ``src.<digest>``; the new version."""
+    text = init.read_text(encoding="utf8")
+    match = re.search(r'^__version__ = "([^"+]+)"$', text, flags=re.M)
+    if match is None:
+        raise ValueError(f"no __version__ = \"X.Y.Z\" line in {init}")
+    version = f"{match.group(1)}+src.{digest}"
+    init.write_text(text[:match.start(1)] + version + text[match.end(1):], encoding="utf8")
+    return version
 
 
 def remove_wheels(output_dir: Path, dist_name: str) -> None:

@@ -1,0 +1,47 @@
+"""scripts/package.py: the spacy-fsemicrf wheel's version names its source, so that pip replaces
+an installed wheel of an earlier build (it keeps a package whose version equals the wheel's)."""
+import importlib.util
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import spacy_fsemicrf
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("package_script", ROOT / "scripts" / "package.py")
+package = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(package)
+
+
+def make_source(root: Path, body: str) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text(f'"""Doc."""\n__version__ = "0.1.0"\n{body}\n')
+    (root / "setup.cfg").write_text("[metadata]\nname = pkg\n")
+    return root
+
+
+def test_the_version_label_changes_with_the_source_and_only_with_it(tmp_path):
+    a = make_source(tmp_path / "a", "X = 1")
+    same = make_source(tmp_path / "same", "X = 1")
+    other = make_source(tmp_path / "other", "X = 2")
+    assert package.source_digest(a) == package.source_digest(same) != package.source_digest(other)
+    (same / "pkg" / "extra.py").write_text("")
+    assert package.source_digest(same) != package.source_digest(a)
+
+    version = package.label_version(a / "pkg" / "__init__.py", package.source_digest(a))
+    assert re.fullmatch(r"0\.1\.0\+src\.[0-9a-f]{12}", version)
+    text = (a / "pkg" / "__init__.py").read_text()
+    assert f'__version__ = "{version}"\n' in text and text.endswith("X = 1\n")
+
+
+@pytest.mark.slow
+def test_the_package_wheel_carries_the_labelled_version(tmp_path):
+    wheel = package.build_package_wheel(tmp_path)
+    version = spacy_fsemicrf.__version__
+    pattern = rf"spacy_fsemicrf-{re.escape(version)}\+src\.[0-9a-f]{{12}}-py3-none-any\.whl"
+    assert re.fullmatch(pattern, wheel.name)
+    with zipfile.ZipFile(wheel) as zf:
+        init = zf.read("spacy_fsemicrf/__init__.py").decode("utf8")
+    assert wheel.name.split("-")[1] in init
