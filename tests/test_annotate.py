@@ -244,6 +244,22 @@ def test_annotate_leaves_this_process_environment_as_it_was(model_dir, tmp_path,
     assert dict(os.environ) == before
 
 
+def test_the_default_local_cluster_has_a_worker_per_usable_core(monkeypatch):
+    """A process confined to fewer cores than the machine has (CPU affinity, a container's CPU
+    quota: what Dask's CPU_COUNT counts) starts that many workers, not one per core of the
+    machine."""
+    import dask.system
+
+    monkeypatch.setattr(dask.system, "CPU_COUNT", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    c, cluster = connect(None, None)
+    try:
+        assert len(c.scheduler_info()["workers"]) == 1
+    finally:
+        c.close()
+        cluster.close()
+
+
 def test_a_second_local_cluster_does_not_compete_for_the_first_ones_port(client):
     # `client` holds one LocalCluster; a second annotate job on the machine makes another
     with warnings.catch_warnings(record=True) as caught:

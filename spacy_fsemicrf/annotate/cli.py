@@ -21,7 +21,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("input", type=Path, help=".spacy or .jsonl file, or a directory of them")
     parser.add_argument("output", type=Path, help="output directory (created)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="worker processes of the local cluster (default: one per core)")
+                        help="worker processes of the local cluster (default: one per core "
+                        "this process may use)")
     parser.add_argument("--scheduler", default=None,
                         help="address of a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
     parser.add_argument("--batch-size", type=int, default=None,

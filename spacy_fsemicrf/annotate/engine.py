@@ -30,6 +30,7 @@ from .shards import (entity_records, finished_shards, merge_entities, prepare_ou
                      remove_temporary, score_keys, write_shard)
 
 try:
+    import dask.system
     from distributed import Client, LocalCluster, as_completed
 except ImportError:  # pragma: no cover - the annotate extra is not installed
     Client = LocalCluster = as_completed = None
@@ -128,7 +129,9 @@ def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]
             return Client(scheduler, timeout="30s"), None
         except OSError as err:
             raise AnnotateError(f"cannot reach the Dask scheduler at {scheduler}: {err}") from err
-    n_workers = workers or os.cpu_count() or 1
+    # the cores this process may use (its CPU affinity, a container's CPU quota), as Dask counts
+    # them; os.cpu_count() counts the machine's
+    n_workers = workers or dask.system.CPU_COUNT or 1
     with nanny_environment_restored():  # for callers that keep the cluster (annotate wraps more)
         # No dashboard; the scheduler's HTTP endpoints on a free port, not 8787, so that two
         # annotate jobs on one machine do not fight over it (Dask warns when they do).
