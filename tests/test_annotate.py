@@ -301,6 +301,15 @@ def test_a_bad_record_fails_its_shard_and_leaves_nothing_of_it(client, model_dir
     assert not list((out / "shards").glob(".000002.*")) and not (out / "entities.jsonl").exists()
 
 
+@pytest.mark.parametrize("line", ['{"text": "Mary \\ud800 flew to Rome ."}',
+                                  '{"id": "\\udc00", "text": "Mary flew to Rome ."}'])
+def test_a_lone_surrogate_fails_with_its_line(tmp_path, line):
+    (tmp_path / "in.jsonl").write_text('{"text": "John lives in Paris ."}\n' + line + "\n")
+    (shard,) = plan_shards(tmp_path / "in.jsonl", 10)
+    with pytest.raises(AnnotateError, match="in.jsonl:2: not valid Unicode"):
+        read_shard(shard, spacy.blank("en").vocab)
+
+
 def test_unreadable_inputs_fail_clearly(tmp_path):
     (tmp_path / "broken.spacy").write_bytes(b"not a DocBin")
     (tmp_path / "notes.txt").write_text("hello")

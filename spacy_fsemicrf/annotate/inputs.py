@@ -147,8 +147,15 @@ def _read_jsonl(shard: Shard) -> Tuple[List[str], List[Any]]:
                 if not isinstance(text, str) or not text.strip():
                     raise AnnotateError(f"{where}: the document has no text (its 'text' field "
                                         f"must be a non-empty string)")
+                doc_id = record.get("id", f"{shard.name}:{shard.start + len(ids)}")
+                try:  # JSON escapes may make a lone surrogate, which no UTF-8 output can hold
+                    text.encode("utf8")
+                    if isinstance(doc_id, str):
+                        doc_id.encode("utf8")
+                except UnicodeEncodeError as err:
+                    raise AnnotateError(f"{where}: not valid Unicode ({err})") from err
                 texts.append(text)
-                ids.append(record.get("id", f"{shard.name}:{shard.start + len(ids)}"))
+                ids.append(doc_id)
     except OSError as err:
         raise AnnotateError(f"cannot read {shard.source}: {err}") from err
     return texts, ids
