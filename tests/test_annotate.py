@@ -407,6 +407,24 @@ def test_shards_read_every_record_once(corpus):
         assert texts == make_texts(N_JSONL, 0) + make_texts(N_SPACY, 1)
 
 
+def test_planning_a_large_jsonl_file_keeps_only_the_shards_starts(tmp_path):
+    """The driver plans the shards of one file of many records without a tuple per record."""
+    import tracemalloc
+
+    n = 200_000
+    (tmp_path / "big.jsonl").write_bytes(b'{"text": "Hi ."}\n\n' * n)
+    tracemalloc.start()
+    try:
+        shards = plan_shards(tmp_path / "big.jsonl", 1000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [(s.start, s.count, s.line, s.offset) for s in shards[:2]] == [(0, 1000, 1, 0),
+                                                                          (1000, 1000, 2001, 18000)]
+    assert len(shards) == n // 1000 and sum(s.count for s in shards) == n
+    assert peak < 2_000_000  # a tuple per record: about 100 bytes each, 20 MB
+
+
 def test_entity_scores_come_from_the_span_group(trained_nlp):
     doc = trained_nlp("John Smith works for Google in Paris .")
     key = trained_nlp.get_pipe("fsemicrf_ner").spans_key

@@ -67,10 +67,9 @@ def plan_shards(path: Path, shard_size: int) -> List[Shard]:
     shards: List[Shard] = []
     for file, name in input_files(path):
         if file.suffix == ".jsonl":
-            starts, digest = _jsonl_record_starts(file)
-            for first in range(0, len(starts), shard_size):
-                offset, line = starts[first]
-                count = min(shard_size, len(starts) - first)
+            starts, n_records, digest = _jsonl_shard_starts(file, shard_size)
+            for (offset, line), first in zip(starts, range(0, n_records, shard_size)):
+                count = min(shard_size, n_records - first)
                 shards.append(Shard(len(shards), str(file), name, first, count, offset, line,
                                     digest))
         else:
@@ -92,21 +91,26 @@ def read_shard(shard: Shard, vocab: Vocab) -> Tuple[List[Any], List[Any]]:
     return _read_spacy(shard, vocab)
 
 
-def _jsonl_record_starts(file: Path) -> Tuple[List[Tuple[int, int]], str]:
-    """``(byte offset, line number)`` of every non-blank line, and the file's digest."""
+def _jsonl_shard_starts(file: Path, shard_size: int) -> Tuple[List[Tuple[int, int]], int, str]:
+    """``(byte offset, line number)`` of the first record (non-blank line) of every shard, the
+    number of records and the file's digest. Only the shards' starts are kept: a file may hold
+    more records than the driver could keep a tuple of each in memory."""
     starts = []
     offset = 0
+    n_records = 0
     digest = hashlib.blake2b(digest_size=16)
     try:
         with file.open("rb") as f:
             for number, raw in enumerate(f, start=1):
                 digest.update(raw)
                 if raw.strip():
-                    starts.append((offset, number))
+                    if n_records % shard_size == 0:
+                        starts.append((offset, number))
+                    n_records += 1
                 offset += len(raw)
     except OSError as err:
         raise AnnotateError(f"cannot read {file}: {err}") from err
-    return starts, digest.hexdigest()
+    return starts, n_records, digest.hexdigest()
 
 
 def _file_digest(file: Path) -> str:
