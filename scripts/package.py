@@ -38,7 +38,12 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("output_dir", type=Path, help="where the two wheels are written")
     parser.add_argument("--name", required=True, help="package name without the language prefix")
     parser.add_argument("--version", required=True, help="version of the model package")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.name.isidentifier():  # spaCy's rule for a package name, checked before building
+        suggestion = re.sub(r"\W", "_", args.name)
+        parser.error(f"--name {args.name!r}: letters, digits and underscores only, as "
+                     f"spacy package requires (say {suggestion!r})")
+    return args
 
 
 def build_model_wheel(model_dir: Path, output_dir: Path, name: str, version: str) -> Path:
@@ -108,10 +113,14 @@ def main(argv: List[str]) -> int:
               file=sys.stderr)
         return 1
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    wheels = [
-        build_model_wheel(args.model_dir, args.output_dir, args.name, args.version),
-        build_package_wheel(args.output_dir),
-    ]
+    try:
+        wheels = [
+            build_model_wheel(args.model_dir, args.output_dir, args.name, args.version),
+            build_package_wheel(args.output_dir),
+        ]
+    except subprocess.CalledProcessError as err:  # its output says why
+        print(f"failed: {' '.join(err.cmd)} (exit status {err.returncode})", file=sys.stderr)
+        return 1
     for wheel in wheels:
         print(f"wrote {wheel}")
     print(f"install on the deployment machine (torch first): pip install {args.output_dir}/*.whl")

@@ -45,3 +45,13 @@ def test_the_package_wheel_carries_the_labelled_version(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         init = zf.read("spacy_fsemicrf/__init__.py").decode("utf8")
     assert wheel.name.split("-")[1] in init
+
+
+def test_a_name_spacy_package_refuses_is_a_usage_error_before_building(tmp_path, capsys):
+    """``--name quick-crf`` built nothing and ended in a CalledProcessError traceback after
+    spaCy's own message."""
+    with pytest.raises(SystemExit) as exit_info:
+        package.main([str(tmp_path), str(tmp_path / "out"), "--name", "quick-crf",
+                      "--version", "0.1.0"])
+    assert exit_info.value.code == 2 and "say 'quick_crf'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
