@@ -42,6 +42,7 @@ import spacy
 from spacy.language import Language
 from spacy.strings import hash_string
 from spacy.tokens import Doc, DocBin, Span
+from spacy.training.corpus import walk_corpus
 from spacy.util import minibatch, registry
 
 
@@ -288,9 +289,21 @@ def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
 # ----------------------------------------------------------------------------- fitting
 
 
+def corpus_files(path: Union[str, Path]) -> List[Union[str, Path]]:
+    """The DocBin files of a corpus path as ``spacy.Corpus.v1`` reads it: ``path`` itself, or
+    the ``.spacy`` files of a directory and its subdirectories (what ``spacy convert`` writes
+    for a directory of input files), sorted."""
+    return list(walk_corpus(path, ".spacy")) if Path(path).is_dir() else [path]
+
+
+def read_docbins(path: Union[str, Path]) -> List[DocBin]:
+    """The DocBins of a ``.spacy`` file or of a directory of them (:func:`corpus_files`)."""
+    return [DocBin().from_disk(file) for file in corpus_files(path)]
+
+
 def read_docs(path: Union[str, Path], vocab) -> List[Doc]:
-    """The documents of a ``.spacy`` file (DocBin)."""
-    return list(DocBin().from_disk(path).get_docs(vocab))
+    """The documents of a ``.spacy`` file (DocBin) or of a directory of them."""
+    return [doc for docbin in read_docbins(path) for doc in docbin.get_docs(vocab)]
 
 
 def unannotated(doc: Doc) -> Doc:
@@ -389,10 +402,12 @@ def make_calibrate_callback(
     dev_path: Union[str, Path], component: Optional[str] = None
 ) -> Callable[[Language], Language]:
     """A ``[training.before_to_disk]`` callback: before each save, fit ``component``'s
-    calibration map on the documents of ``dev_path`` (give it ``${paths.dev}``; it reads only
-    that file, once). Without ``component``, every component made by the ``fsemicrf_ner``
-    factory, whatever its name, each its own map; a ``ValueError`` when there is none."""
-    docbin: List[DocBin] = []
+    calibration map on the documents of ``dev_path`` (give it ``${paths.dev}``: a ``.spacy``
+    file or a directory of them, as ``spacy.Corpus.v1`` reads it; it reads only those files,
+    once). Without ``component``, every component made by the ``fsemicrf_ner`` factory, whatever
+    its name, each its own map; a ``ValueError`` when there is none."""
+    docbins: List[DocBin] = []
+    read = [False]
     saves = [0]  # how many so far
 
     def calibrate_before_to_disk(nlp: Language) -> Language:
@@ -400,13 +415,14 @@ def make_calibrate_callback(
         if not names:
             raise ValueError("spacy-fsemicrf.calibrate.v1: the pipeline has no fsemicrf_ner "
                              f"component to calibrate (its components: {nlp.pipe_names})")
-        if not docbin:
-            docbin.append(DocBin().from_disk(dev_path))
+        if not read[0]:
+            docbins.extend(read_docbins(dev_path))
+            read[0] = True
         for name in names:
-            # get_docs is a generator, read once: a new one per component. A poor fit is
+            # get_docs is a generator, read once: new ones per component. A poor fit is
             # reported at the first save only, not at every one
-            calibrate_component(nlp, name, docbin[0].get_docs(nlp.vocab),
-                                warn_poor_fit=saves[0] == 0)
+            docs = (doc for docbin in docbins for doc in docbin.get_docs(nlp.vocab))
+            calibrate_component(nlp, name, docs, warn_poor_fit=saves[0] == 0)
         saves[0] += 1
         return nlp
 
@@ -429,7 +445,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "development corpus (never the test set) and save the pipeline with it.",
     )
     parser.add_argument("model", help="the trained pipeline (a directory or a package name)")
-    parser.add_argument("dev", type=Path, help="held-out documents with gold entities (.spacy)")
+    parser.add_argument("dev", type=Path, help="held-out documents with gold entities (a .spacy "
+                        "file or a directory of them)")
     parser.add_argument("--output", type=Path, default=None, help="where to save (default: MODEL)")
     parser.add_argument("--component", default=None,
                         help="the fsemicrf_ner component to calibrate (default: every one)")
@@ -438,7 +455,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "training, for a pipeline trained before the component recorded them")
     args = parser.parse_args(argv)
     for corpus in (args.dev, args.train):  # before the pipeline loads: that takes a while
-        if corpus is not None and not corpus.is_file():
+        if corpus is not None and not corpus.exists():
             parser.error(f"no such corpus file: {corpus}")
     output = args.output if args.output is not None else Path(args.model)
     if args.output is None and not output.is_dir():

@@ -977,6 +977,30 @@ def test_the_callback_reads_its_file_once(small_nlp, tmp_path, monkeypatch):
     assert nlp.get_pipe("fsemicrf_ner").calibration["n_entities"] > 0
 
 
+def test_the_callback_and_the_command_read_a_directory_of_spacy_files(small_nlp, tmp_path):
+    """``--paths.dev`` may be a directory of ``.spacy`` files, as ``spacy.Corpus.v1`` reads it
+    (``spacy convert`` writes one for a directory of inputs): the callback raised
+    IsADirectoryError at the first save of ``spacy train``, which then saved no pipeline, and
+    the command refused the directory."""
+    nlp = _copy(small_nlp, tmp_path)
+    gold = [eg.reference for eg in make_examples(nlp)]
+    folder = tmp_path / "dev"
+    (folder / "part").mkdir(parents=True)
+    DocBin(docs=gold[:3]).to_disk(folder / "a.spacy")
+    DocBin(docs=gold[3:]).to_disk(folder / "part" / "b.spacy")
+    expected = calibrate_component(nlp, "fsemicrf_ner", gold)
+    assert expected["n_entities"] > 0
+    nlp.get_pipe("fsemicrf_ner").calibration = None
+    make_calibrate_callback(str(folder))(nlp)
+    assert nlp.get_pipe("fsemicrf_ner").calibration == expected
+    nlp.get_pipe("fsemicrf_ner").calibration = None
+    nlp.to_disk(tmp_path / "model")
+    out = tmp_path / "calibrated"
+    assert calibration.main([str(tmp_path / "model"), str(folder), "--output", str(out)]) == 0
+    fitted = spacy.load(out).get_pipe("fsemicrf_ner").calibration
+    assert fitted["n_entities"] == expected["n_entities"]
+
+
 def test_the_command_calibrates_a_saved_pipeline(small_nlp, tmp_path, capsys):
     small_nlp.to_disk(tmp_path / "model")
     dev = write_corpus(tmp_path / "dev.spacy", small_nlp)
