@@ -365,8 +365,9 @@ def calibrate_component(
     entities would all count as wrong. In partly annotated documents, predicted entities that
     cover a token without annotation are left out, as spaCy's NER scorer leaves them out
     (:func:`raw_outcomes`). With ``warn_poor_fit``, it warns when the documents have no gold
-    entity of one of the component's labels (not annotated with it?) and when it fits on fewer
-    than :data:`FEW_ENTITIES` predicted entities."""
+    entity of one of the component's labels (not annotated with it?), when they have gold
+    entities of a label the component does not know (a label of the dev set only) and when it
+    fits on fewer than :data:`FEW_ENTITIES` predicted entities."""
     pipe = nlp.get_pipe(component)
     if not hasattr(pipe, "calibration"):
         raise ValueError(f"'{component}' is not an fsemicrf_ner component")
@@ -381,6 +382,11 @@ def calibrate_component(
                        "are not annotated with these labels, mark those tokens as missing "
                        "(Doc.set_ents(missing=...)), or each such prediction counts as wrong",
                        component, ", ".join(absent))
+    unknown = sorted({e.label_ for doc in annotated for e in doc.ents} - set(pipe.labels))
+    if warn_poor_fit and unknown:
+        logger.warning("%s: the calibration documents have gold entities labelled %s, which the "
+                       "component was not trained on: it never predicts them, and its scores "
+                       "on these documents count them as missed", component, ", ".join(unknown))
     raw, correct, seen = raw_outcomes(nlp, component, annotated)
     if raw.size == 0:
         logger.warning("%s: no predicted entities to calibrate on; the map is unchanged", component)

@@ -614,6 +614,30 @@ def test_the_fit_warns_about_few_entities_and_labels_without_gold(small_nlp, tmp
     assert not caplog.records
 
 
+def test_the_fit_warns_about_gold_labels_the_component_does_not_know(small_nlp, tmp_path,
+                                                                       caplog):
+    """A label of the dev set only (not in the training data) was never reported: neither
+    spacy train nor spacy debug data says that the component cannot predict it."""
+    nlp = _copy(small_nlp, tmp_path)
+    gold = []
+    for doc in (eg.reference for eg in make_examples(nlp)):
+        doc = doc.copy()
+        free = next(t.i for t in doc if t.ent_iob_ == "O")
+        doc.set_ents(list(doc.ents) + [Span(doc, free, free + 1, label="DRUG")])
+        gold.append(doc)
+    assert "DRUG" not in nlp.get_pipe("fsemicrf_ner").labels
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        calibrate_component(nlp, "fsemicrf_ner", gold * 10)
+    assert [r.getMessage() for r in caplog.records] == [
+        "fsemicrf_ner: the calibration documents have gold entities labelled DRUG, which the "
+        "component was not trained on: it never predicts them, and its scores on these "
+        "documents count them as missed"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        calibrate_component(nlp, "fsemicrf_ner", gold * 10, warn_poor_fit=False)
+    assert not caplog.records
+
+
 def test_entities_on_tokens_without_annotation_are_left_out_as_the_scorer_does(small_nlp,
                                                                              tmp_path):
     """A predicted entity that covers a token without gold entity annotation is neither right
