@@ -361,7 +361,8 @@ def calibrate_component(
     """Fit the calibration map of ``nlp``'s ``component`` on the held-out ``gold_docs`` (with
     their gold entities), store it in the component and return it; None, with a warning and
     the map unchanged, when the component predicts no entity on them. Documents without entity
-    annotation are left out (with a warning), as from the training loss: their predicted
+    annotation are left out (with a warning under ``warn_poor_fit``), as from the training
+    loss: their predicted
     entities would all count as wrong. In partly annotated documents, predicted entities that
     cover a token without annotation are left out, as spaCy's NER scorer leaves them out
     (:func:`raw_outcomes`). With ``warn_poor_fit``, it warns when the documents have no gold
@@ -373,7 +374,7 @@ def calibrate_component(
         raise ValueError(f"'{component}' is not an fsemicrf_ner component")
     docs = list(gold_docs)
     annotated = [doc for doc in docs if doc.has_annotation("ENT_IOB")]
-    if len(annotated) < len(docs):
+    if warn_poor_fit and len(annotated) < len(docs):
         logger.warning("%s: %d of the %d calibration documents have no entity annotation and "
                        "are left out", component, len(docs) - len(annotated), len(docs))
     absent = sorted(set(pipe.labels) - {e.label_ for doc in annotated for e in doc.ents})

@@ -1092,3 +1092,18 @@ def test_the_callback_reports_a_poor_fit_at_its_first_save_only(small_nlp, tmp_p
             callback(nlp)
     assert nlp.get_pipe("fsemicrf_ner").calibration is not None
     assert len([r for r in caplog.records if "predicted entities only" in r.getMessage()]) == 1
+
+
+def test_the_callback_reports_documents_without_annotation_at_its_first_save_only(
+        small_nlp, tmp_path, caplog):
+    """Like the poor-fit warnings, the count of dev documents without entity annotation came
+    at every save of ``spacy train`` (after every evaluation)."""
+    nlp = _copy(small_nlp, tmp_path)
+    gold = [eg.reference for eg in make_examples(nlp)]
+    DocBin(docs=gold + [nlp.make_doc(doc.text) for doc in gold[:2]]).to_disk(tmp_path / "d.spacy")
+    callback = make_calibrate_callback(str(tmp_path / "d.spacy"))
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        for _ in range(3):
+            callback(nlp)
+    assert nlp.get_pipe("fsemicrf_ner").calibration is not None
+    assert len([r for r in caplog.records if "no entity annotation" in r.getMessage()]) == 1
