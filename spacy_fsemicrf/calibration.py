@@ -362,13 +362,12 @@ def calibrate_component(
     their gold entities), store it in the component and return it; None, with a warning and
     the map unchanged, when the component predicts no entity on them. Documents without entity
     annotation are left out (with a warning under ``warn_poor_fit``), as from the training
-    loss: their predicted
-    entities would all count as wrong. In partly annotated documents, predicted entities that
-    cover a token without annotation are left out, as spaCy's NER scorer leaves them out
-    (:func:`raw_outcomes`). With ``warn_poor_fit``, it warns when the documents have no gold
-    entity of one of the component's labels (not annotated with it?), when they have gold
-    entities of a label the component does not know (a label of the dev set only) and when it
-    fits on fewer than :data:`FEW_ENTITIES` predicted entities."""
+    loss: their predicted entities would all count as wrong. In partly annotated documents,
+    predicted entities that cover a token without annotation are left out, as spaCy's NER
+    scorer leaves them out (:func:`raw_outcomes`). With ``warn_poor_fit``, it warns when the
+    documents have no gold entity of one of the component's labels (not annotated with it?),
+    when they have gold entities of a label the component does not know (a label of the dev
+    set only) and when it fits on fewer than :data:`FEW_ENTITIES` predicted entities."""
     pipe = nlp.get_pipe(component)
     if not hasattr(pipe, "calibration"):
         raise ValueError(f"'{component}' is not an fsemicrf_ner component")
