@@ -422,7 +422,15 @@ def make_calibrate_callback(
             raise ValueError("spacy-fsemicrf.calibrate.v1: the pipeline has no fsemicrf_ner "
                              f"component to calibrate (its components: {nlp.pipe_names})")
         if not read[0]:
-            docbins.extend(read_docbins(dev_path))
+            try:
+                docbins.extend(read_docbins(dev_path))
+            except (OSError, ValueError, TypeError) as err:  # (spaCy's E1014 is a ValueError)
+                raise ValueError(
+                    f"spacy-fsemicrf.calibrate.v1 reads its dev_path ({dev_path}) as spaCy's "
+                    f".spacy (DocBin) files and cannot: {err}. Point [training.before_to_disk] "
+                    f"dev_path at a .spacy copy of the dev set (python -m spacy convert), or "
+                    f"leave the callback out and calibrate the trained pipeline with python -m "
+                    f"spacy_fsemicrf calibrate") from err
             read[0] = True
         for name in names:
             # get_docs is a generator, read once: new ones per component. A poor fit is

@@ -1107,3 +1107,13 @@ def test_the_callback_reports_documents_without_annotation_at_its_first_save_onl
             callback(nlp)
     assert nlp.get_pipe("fsemicrf_ner").calibration is not None
     assert len([r for r in caplog.records if "no entity annotation" in r.getMessage()]) == 1
+
+
+def test_the_callback_names_itself_when_its_dev_path_is_not_a_docbin(small_nlp, tmp_path):
+    """With a corpus reader of the user's own (say JSONL), ``${paths.dev}`` is no DocBin: the
+    first save of ``spacy train`` failed with spaCy's bare E1014 and saved nothing."""
+    nlp = _copy(small_nlp, tmp_path)
+    (tmp_path / "dev.jsonl").write_text('{"text": "Apple is in London ."}\n')
+    for path in (tmp_path / "dev.jsonl", tmp_path / "missing.spacy", None):
+        with pytest.raises(ValueError, match=r"^spacy-fsemicrf.calibrate.v1 reads its dev_path"):
+            make_calibrate_callback(path)(nlp)
