@@ -224,10 +224,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self._warned_unsegmented = False  # (a sentence scope on a doc without sentences)
         _prepare_process()
         self.n_wide_dropped = 0
-        """Gold entities wider than ``max_width`` left out of training so far (span heads)."""
+        """How often a gold entity wider than ``max_width`` was left out of training so far
+        (span heads; once per update that reads it)."""
         self.n_misaligned_dropped = 0
-        """Gold entities left out of training so far because their edges are not token edges
-        of the document the pipeline predicts on (its tokenization differs)."""
+        """How often a gold entity was left out of training so far (once per update that reads
+        it) because its edges are not token edges of the document the pipeline predicts on."""
         self.seen_entities = numpy.zeros((0,), dtype="uint64")
         """Sorted hashes (:func:`.calibration.entity_key`) of the texts of the gold entities
         given to :meth:`initialize`: a ``by_novelty`` calibration map scores the entities
@@ -527,11 +528,12 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.widest_dropped = max(self.widest_dropped, widest)
         if _reached_a_power_of_ten(before, self.n_wide_dropped):
             logger.warning(
-                "%s: %d gold entities wider than max_width=%d tokens have been left out of "
-                "training so far; max_width=%d would keep them all.",
+                "%s: gold entities wider than max_width=%d tokens have been left out of "
+                "training %d times so far (each update that reads one counts it); "
+                "max_width=%d would keep them all.",
                 self.name,
-                self.n_wide_dropped,
                 self.max_width,
+                self.n_wide_dropped,
                 self.widest_dropped,
             )
 
@@ -540,9 +542,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.n_misaligned_dropped += n_misaligned
         if _reached_a_power_of_ten(before, self.n_misaligned_dropped):
             logger.warning(
-                "%s: %d gold entities do not start or end on a token edge of the documents the "
-                "pipeline predicts on (the pipeline's tokenizer splits the text otherwise than "
-                "the corpus) and have been left out of training so far; their tokens count as "
+                "%s: gold entities that do not start or end on a token edge of the documents "
+                "the pipeline predicts on (the pipeline's tokenizer splits the text otherwise "
+                "than the corpus) have been left out of training %d times so far (each update "
+                "that reads one counts it); their tokens count as "
                 "outside any entity. Train on the corpus's tokens ([corpora.train] "
                 "gold_preproc = true) or adjust the tokenizer.",
                 self.name,

@@ -205,10 +205,10 @@ def test_gold_entities_off_the_predicted_tokens_are_counted_and_reported(caplog)
     assert gold.tolist() == [[0, 4, 4, loc], [1, 4, 4, loc]]  # Rome; "is Hilton" is left out
     assert ner.n_misaligned_dropped == 2
     assert [r.getMessage() for r in caplog.records] == [
-        "fsemicrf_ner: 2 gold entities do not start or end on a token edge of the documents the "
-        "pipeline predicts on (the pipeline's tokenizer splits the text otherwise than the "
-        "corpus) and have been left out of training so far; their tokens count as outside any "
-        "entity. Train on the corpus's tokens ([corpora.train] gold_preproc = true) or adjust "
+        "fsemicrf_ner: gold entities that do not start or end on a token edge of the documents "
+        "the pipeline predicts on (the pipeline's tokenizer splits the text otherwise than the "
+        "corpus) have been left out of training 2 times so far (each update that reads one "
+        "counts it); their tokens count as outside any entity. Train on the corpus's tokens ([corpora.train] gold_preproc = true) or adjust "
         "the tokenizer."]
 
 

@@ -52,8 +52,9 @@ def test_wide_entities_are_reported_at_each_new_power_of_ten(caplog):
     for (n, total, widest) in [(0, 1, 12), (3, 10, 15), (6, 100, 20)]:
         assert totals[n] == total
         assert warned[n][0] == (
-            f"fsemicrf_ner: {total} gold entities wider than max_width={ner.max_width} tokens "
-            f"have been left out of training so far; max_width={widest} would keep them all.")
+            f"fsemicrf_ner: gold entities wider than max_width={ner.max_width} tokens have been "
+            f"left out of training {total} times so far (each update that reads one counts it); "
+            f"max_width={widest} would keep them all.")
     assert ner.n_wide_dropped == 100 and ner.widest_dropped == 20
 
 
@@ -64,8 +65,9 @@ def test_misaligned_entities_are_reported_at_each_new_power_of_ten(caplog):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
             ner._report_misaligned(n)
-        warned.append([r.getMessage().split(" gold entities")[0] for r in caplog.records])
-    assert warned == [["fsemicrf_ner: 2"], [], ["fsemicrf_ner: 10"], [], ["fsemicrf_ner: 100"]]
+        warned.append([r.getMessage().split("left out of training ")[1].split(" times")[0]
+                       for r in caplog.records])
+    assert warned == [["2"], [], ["10"], [], ["100"]]
     assert ner.n_misaligned_dropped == 100
 
 
