@@ -42,6 +42,7 @@ import spacy
 from spacy.language import Language
 from spacy.strings import hash_string
 from spacy.tokens import Doc, DocBin, Span
+from spacy.training import Example
 from spacy.training.corpus import walk_corpus
 from spacy.util import minibatch, registry
 
@@ -314,37 +315,37 @@ def unannotated(doc: Doc) -> Doc:
 def raw_outcomes(
     nlp: Language, component: str, gold_docs: Iterable[Doc]
 ) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
-    """``(raw confidences, correct, seen)`` of the entities ``component`` writes on the
-    tokens of ``gold_docs`` (trimmed of whitespace, before any threshold) that spaCy's NER
-    scorer counts: an entity
-    that covers a token without gold entity annotation is neither right nor wrong there, and is
-    left out (so is every entity of a document without entity annotation). Correct when its
-    span and label are a gold entity, seen when its text is an entity's text in the
-    component's training data."""
+    """``(raw confidences, correct, seen)`` of the entities ``component`` writes (trimmed of
+    whitespace, before any threshold) on the text of ``gold_docs`` as the pipeline reads it
+    (its tokenizer's tokens, as in ``spacy evaluate``), scored as spaCy's NER scorer scores
+    them: each entity is aligned to the gold tokens; one that aligns to none, or covers a gold
+    token without entity annotation, is neither right nor wrong and is left out (so is every
+    entity of a document without entity annotation). Correct when its aligned span and label
+    are a gold entity, seen when its text is an entity's text in the component's training
+    data."""
     pipe = nlp.get_pipe(component)
     before = nlp.pipe_names[: nlp.pipe_names.index(component)]
+    labels = pipe.labels
     raws: List[numpy.ndarray] = []
     seen: List[numpy.ndarray] = []
     correct: List[bool] = []
     for batch in minibatch(list(gold_docs), PREDICT_BATCH):
         with nlp.select_pipes(enable=before):
-            docs = list(nlp.pipe(unannotated(doc) for doc in batch))
+            docs = list(nlp.pipe(nlp.make_doc(gold.text) for gold in batch))
         # the entities as the component writes them (trimmed of whitespace), not as decoded
         entities, raw = pipe.written_entities(docs, pipe.predict(docs))
-        rows = entities.tolist()
+        x2y = [Example(doc, gold).alignment.x2y for doc, gold in zip(docs, batch)]
         # as in spacy.scorer.get_ner_prf: ENT_IOB 0 is a token whose annotation is missing
-        missing = [doc.to_array("ENT_IOB") == 0 for doc in batch]
-        scored = numpy.asarray(
-            [not missing[i][start:end + 1].any() for i, start, end, _ in rows], dtype=bool
-        ).reshape(-1)
+        missing = [gold.to_array("ENT_IOB") == 0 for gold in batch]
+        truth = [{(e.start, e.end - 1, e.label_) for e in gold.ents} for gold in batch]
+        scored = numpy.zeros(len(entities), dtype=bool)
+        for row, (i, start, end, label) in enumerate(entities.tolist()):
+            indices = x2y[i][start:end + 1]
+            if len(indices) and not missing[i][indices[0]:indices[-1] + 1].any():
+                scored[row] = True
+                correct.append((int(indices[0]), int(indices[-1]), labels[label - 1]) in truth[i])
         raws.append(raw[scored])
         seen.append(seen_flags(docs, entities[scored], pipe.seen_entities))
-        labels = pipe.labels
-        gold = [{(e.start, e.end - 1, e.label_) for e in doc.ents} for doc in batch]
-        correct.extend(
-            (start, end, labels[label - 1]) in gold[i]
-            for (i, start, end, label), counted in zip(rows, scored) if counted
-        )
     if not raws:
         return numpy.zeros((0,), dtype="float32"), numpy.zeros((0,), dtype=bool), numpy.zeros((0,), dtype=bool)
     return numpy.concatenate(raws), numpy.asarray(correct, dtype=bool), numpy.concatenate(seen)

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from spacy.cli.train import train
 from spacy.scorer import get_ner_prf
-from spacy.tokens import DocBin, Span
+from spacy.tokens import Doc, DocBin, Span
 from spacy.training import Example
 
 from spacy_fsemicrf import calibration
@@ -661,6 +661,42 @@ def test_entities_on_tokens_without_annotation_are_left_out_as_the_scorer_does(s
     assert correct.mean() == pytest.approx(precision)
     fitted = calibrate_component(nlp, "fsemicrf_ner", gold)
     assert (fitted["n_entities"], fitted["n_correct"]) == (len(scored), int(correct.sum()))
+
+
+def test_the_fit_predicts_on_the_tokens_of_the_pipeline_as_spacy_evaluate_does(small_nlp,
+                                                                             tmp_path):
+    """A corpus tokenized otherwise than the pipeline ("500mg" one token, spaCy's tokenizer
+    makes "500", "mg"): the fit predicted on the corpus's tokens, which the pipeline never sees
+    (spacy evaluate and spacy.Corpus.v1 tokenize the text), and missed entities that it finds
+    on its own tokens. It now predicts on the text and aligns to the gold tokens, as the scorer
+    does: its precision is get_ner_prf's on the same predictions."""
+    nlp = _copy(small_nlp, tmp_path)
+    gold = []
+    for eg in make_examples(nlp):
+        words = [t.text for t in eg.reference]
+        # glue each entity's tokens into one gold token, as a corpus of other conventions may
+        glued, spaces, ents, i = [], [], [], 0
+        for ent in list(eg.reference.ents) + [None]:
+            stop = len(words) if ent is None else ent.start
+            glued.extend(words[i:stop])
+            spaces.extend([True] * (stop - i))
+            if ent is not None:
+                ents.append((len(glued), ent.label_))
+                glued.append("-".join(words[ent.start:ent.end]))
+                spaces.append(True)
+                i = ent.end
+        doc = Doc(nlp.vocab, words=glued, spaces=spaces)
+        doc.set_ents([Span(doc, k, k + 1, label) for k, label in ents], default="outside")
+        gold.append(doc)
+    preds = list(nlp.pipe(doc.text for doc in gold))
+    assert [len(p) for p in preds] != [len(g) for g in gold]  # other tokens
+    scores = get_ner_prf([Example(p, g) for p, g in zip(preds, gold)])
+    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", gold)
+    assert raw.size == seen.size == correct.size > 0
+    assert correct.mean() == pytest.approx(scores["ents_p"])
+    # the confidences of what the pipeline writes on the text (no map: raw)
+    written = numpy.concatenate([p.spans["fsemicrf"].attrs["scores"] for p in preds])
+    assert raw.tolist() == pytest.approx(written.tolist())
 
 
 def test_the_fit_counts_the_entities_as_written_trimmed_of_whitespace(small_nlp, tmp_path,
