@@ -312,13 +312,20 @@ def unannotated(doc: Doc) -> Doc:
     return Doc(doc.vocab, words=[t.text for t in doc], spaces=[bool(t.whitespace_) for t in doc])
 
 
+def as_read(nlp: Language, gold: Doc) -> Doc:
+    """The document the pipeline predicts on for ``gold`` in ``spacy evaluate`` and ``spacy
+    train`` (``spacy.Corpus.v1`` without ``gold_preproc``): its text as the tokenizer splits
+    it, or its own tokens when its spaces are unknown (a corpus made from words alone)."""
+    return unannotated(gold) if gold.has_unknown_spaces else nlp.make_doc(gold.text)
+
+
 def raw_outcomes(
     nlp: Language, component: str, gold_docs: Iterable[Doc]
 ) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
     """``(raw confidences, correct, seen)`` of the entities ``component`` writes (trimmed of
-    whitespace, before any threshold) on the text of ``gold_docs`` as the pipeline reads it
-    (its tokenizer's tokens, as in ``spacy evaluate``), scored as spaCy's NER scorer scores
-    them: each entity is aligned to the gold tokens; one that aligns to none, or covers a gold
+    whitespace, before any threshold) on ``gold_docs`` as ``spacy evaluate`` reads them
+    (:func:`as_read`), scored as spaCy's NER scorer scores them: each entity is aligned to the
+    gold tokens; one that aligns to none, or covers a gold
     token without entity annotation, is neither right nor wrong and is left out (so is every
     entity of a document without entity annotation). Correct when its aligned span and label
     are a gold entity, seen when its text is an entity's text in the component's training
@@ -331,7 +338,7 @@ def raw_outcomes(
     correct: List[bool] = []
     for batch in minibatch(list(gold_docs), PREDICT_BATCH):
         with nlp.select_pipes(enable=before):
-            docs = list(nlp.pipe(nlp.make_doc(gold.text) for gold in batch))
+            docs = list(nlp.pipe(as_read(nlp, gold) for gold in batch))
         # the entities as the component writes them (trimmed of whitespace), not as decoded
         entities, raw = pipe.written_entities(docs, pipe.predict(docs))
         x2y = [Example(doc, gold).alignment.x2y for doc, gold in zip(docs, batch)]

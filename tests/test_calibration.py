@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from spacy.cli.train import train
 from spacy.scorer import get_ner_prf
 from spacy.tokens import Doc, DocBin, Span
-from spacy.training import Example
+from spacy.training import Corpus, Example
 
 from spacy_fsemicrf import calibration
 from spacy_fsemicrf.calibration import (
@@ -666,10 +666,9 @@ def test_entities_on_tokens_without_annotation_are_left_out_as_the_scorer_does(s
 def test_the_fit_predicts_on_the_tokens_of_the_pipeline_as_spacy_evaluate_does(small_nlp,
                                                                              tmp_path):
     """A corpus tokenized otherwise than the pipeline ("500mg" one token, spaCy's tokenizer
-    makes "500", "mg"): the fit predicted on the corpus's tokens, which the pipeline never sees
-    (spacy evaluate and spacy.Corpus.v1 tokenize the text), and missed entities that it finds
-    on its own tokens. It now predicts on the text and aligns to the gold tokens, as the scorer
-    does: its precision is get_ner_prf's on the same predictions."""
+    makes "500", "mg"): the fit predicted on the corpus's tokens, which spacy evaluate and
+    spacy train do not (spacy.Corpus.v1 tokenizes the text unless its spaces are unknown). It
+    predicts on what they predict on and aligns to the gold tokens: its precision is theirs."""
     nlp = _copy(small_nlp, tmp_path)
     gold = []
     for eg in make_examples(nlp):
@@ -688,15 +687,21 @@ def test_the_fit_predicts_on_the_tokens_of_the_pipeline_as_spacy_evaluate_does(s
         doc = Doc(nlp.vocab, words=glued, spaces=spaces)
         doc.set_ents([Span(doc, k, k + 1, label) for k, label in ents], default="outside")
         gold.append(doc)
-    preds = list(nlp.pipe(doc.text for doc in gold))
-    assert [len(p) for p in preds] != [len(g) for g in gold]  # other tokens
-    scores = get_ner_prf([Example(p, g) for p, g in zip(preds, gold)])
-    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", gold)
-    assert raw.size == seen.size == correct.size > 0
-    assert correct.mean() == pytest.approx(scores["ents_p"])
-    # the confidences of what the pipeline writes on the text (no map: raw)
-    written = numpy.concatenate([p.spans["fsemicrf"].attrs["scores"] for p in preds])
-    assert raw.tolist() == pytest.approx(written.tolist())
+    # spacy evaluate reads a corpus through spacy.Corpus.v1: the text as the tokenizer splits
+    # it, or the corpus's own tokens where their spaces are unknown (words alone)
+    words_only = [Doc(nlp.vocab, words=[t.text for t in g], ents=[f"{t.ent_iob_}-{t.ent_type_}"
+                  if t.ent_type_ else "O" for t in g]) for g in gold]
+    for docs in (gold, words_only):
+        DocBin(docs=docs).to_disk(tmp_path / "dev.spacy")
+        examples = list(Corpus(tmp_path / "dev.spacy")(nlp))
+        preds = list(nlp.pipe(eg.predicted for eg in examples))
+        assert [len(p) for p in preds] != [len(g) for g in gold] or docs is words_only
+        raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", docs)
+        assert raw.size == seen.size == correct.size > 0
+        # the confidences of what the pipeline writes there (no map: raw), right as scored
+        written = numpy.concatenate([p.spans["fsemicrf"].attrs["scores"] for p in preds])
+        assert raw.tolist() == pytest.approx(written.tolist())
+        assert correct.mean() == pytest.approx(nlp.evaluate(examples)["ents_p"])
 
 
 def test_the_fit_counts_the_entities_as_written_trimmed_of_whitespace(small_nlp, tmp_path,
