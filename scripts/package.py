@@ -51,10 +51,29 @@ def build_model_wheel(model_dir: Path, output_dir: Path, name: str, version: str
     lang = srsly.read_json(model_dir / "meta.json")["lang"]
     remove_wheels(output_dir, f"{lang}_{name}")
     with tempfile.TemporaryDirectory() as scratch:
+        meta = Path(scratch) / "meta.json"
+        srsly.write_json(meta, model_meta(model_dir))
         run([sys.executable, "-m", "spacy", "package", str(model_dir), scratch,
-             "--name", name, "--version", version, "--build", "wheel", "--force"])
+             "--meta-path", str(meta), "--name", name, "--version", version,
+             "--build", "wheel", "--force"])
         (wheel,) = Path(scratch).glob(f"*/dist/{lang}_{name}-*.whl")
         return Path(shutil.move(str(wheel), output_dir / wheel.name))
+
+
+def model_meta(model_dir: Path) -> dict:
+    """The pipeline's meta.json with the requirements ``spacy package`` would add, on public
+    versions: it ranges a package from its installed version, and the local label of a
+    spacy-fsemicrf wheel of :func:`build_package_wheel` installed here made a range that
+    setuptools and pip refuse (``spacy-fsemicrf>=0.1.0+src.1a2b3c4d5e6f,<0.2.0``)."""
+    from spacy.cli.package import get_third_party_dependencies
+    from spacy.util import load_model_from_path, split_requirement
+
+    meta = srsly.read_json(model_dir / "meta.json")
+    given = list(meta.get("requirements", []))
+    config = load_model_from_path(model_dir).config  # (as spacy package: registers its code)
+    found = get_third_party_dependencies(config, exclude=[split_requirement(r)[0] for r in given])
+    meta["requirements"] = given + [re.sub(r"\+[0-9A-Za-z.]+", "", r) for r in found]
+    return meta
 
 
 def build_package_wheel(output_dir: Path) -> Path:

@@ -55,3 +55,50 @@ def test_a_name_spacy_package_refuses_is_a_usage_error_before_building(tmp_path,
                       "--version", "0.1.0"])
     assert exit_info.value.code == 2 and "say 'quick_crf'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_model_wheel_requires_public_versions(tmp_path, monkeypatch):
+    """``spacy package`` ranges spacy-fsemicrf from its installed version: with a wheel of this
+    script installed (``0.1.0+src.<digest>``) that range, ``>=0.1.0+src.<digest>,<0.2.0``, is
+    one setuptools and pip refuse, and the model wheel failed to build. The script gives it
+    the requirements on public versions."""
+    import json
+
+    import spacy
+    import spacy.util
+    from packaging.requirements import Requirement
+    from spacy.cli.package import get_meta
+
+    try:
+        from .conftest import make_examples, model_config
+    except ImportError:  # pragma: no cover - tests run as a plain directory
+        from conftest import make_examples, model_config
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    nlp.initialize(lambda: make_examples(nlp))
+    nlp.to_disk(tmp_path / "model")
+    installed = spacy.util.get_package_version
+    labelled = f"{spacy_fsemicrf.__version__}+src.1a2b3c4d5e6f"
+    monkeypatch.setattr(spacy.util, "get_package_version", lambda name: labelled
+                        if name == "spacy-fsemicrf" else installed(name))
+    metas = []
+
+    def fake_run(cmd):  # spacy package: its meta (requirements included), a wheel
+        given = Path(cmd[cmd.index("--meta-path") + 1]) if "--meta-path" in cmd else None
+        metas.append(get_meta(cmd[4], json.loads((given or Path(cmd[4]) / "meta.json")
+                                                 .read_text())))
+        dist = Path(cmd[5]) / "en_small-0.1.0" / "dist"
+        dist.mkdir(parents=True)
+        (dist / "en_small-0.1.0-py3-none-any.whl").write_bytes(b"")
+
+    monkeypatch.setattr(package, "run", fake_run)
+    (tmp_path / "out").mkdir()
+    package.build_model_wheel(tmp_path / "model", tmp_path / "out", "small", "0.1.0")
+    (meta,) = metas
+    public = spacy_fsemicrf.__version__
+    assert "spacy-fsemicrf" in {Requirement(r).name for r in meta["requirements"]}
+    for requirement in map(Requirement, meta["requirements"]):
+        assert "+" not in str(requirement.specifier)
+        if requirement.name == "spacy-fsemicrf":
+            assert requirement.specifier.contains(public)
+            assert requirement.specifier.contains(labelled)
