@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 # What the spacy-fsemicrf wheel is built from (setup.cfg names the package data).
 SOURCE_FILES = ["setup.cfg", "pyproject.toml", "README.md", "LICENSE"]
 SOURCE_PACKAGE = "spacy_fsemicrf"
+# spacy package's permitted package name (PEP 426), as spacy.cli.package checks it
+PERMITTED_NAME = r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9]"
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -39,10 +41,13 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--name", required=True, help="package name without the language prefix")
     parser.add_argument("--version", required=True, help="version of the model package")
     args = parser.parse_args(argv)
-    if not args.name.isidentifier():  # spaCy's rule for a package name, checked before building
-        suggestion = re.sub(r"\W", "_", args.name)
-        parser.error(f"--name {args.name!r}: letters, digits and underscores only, as "
-                     f"spacy package requires (say {suggestion!r})")
+    # spaCy's rules for a package name (an identifier, and a name that starts and ends with a
+    # letter or digit), checked before building
+    if not (args.name.isidentifier() and re.fullmatch(PERMITTED_NAME, args.name, re.I)):
+        suggestion = re.sub(r"^[\d_]+|_+$", "", re.sub(r"\W", "_", args.name, flags=re.A))
+        parser.error(f"--name {args.name!r}: ASCII letters, digits and underscores only, "
+                     f"starting with a letter and not ending with an underscore, as spacy "
+                     f"package requires" + (f" (say {suggestion!r})" if suggestion else ""))
     return args
 
 

@@ -102,3 +102,20 @@ def test_the_model_wheel_requires_public_versions(tmp_path, monkeypatch):
         if requirement.name == "spacy-fsemicrf":
             assert requirement.specifier.contains(public)
             assert requirement.specifier.contains(labelled)
+
+
+@pytest.mark.parametrize("name, suggestion", [("quick_", "quick"), ("_quick", "quick"),
+                                              ("modèle", "mod_le"), ("1model", "model")])
+def test_names_spacy_package_refuses_as_not_permitted_are_usage_errors(tmp_path, capsys, name,
+                                                                       suggestion):
+    """Identifiers, which spaCy refuses as package names (they must start and end with an ASCII
+    letter or digit): the first step failed after spaCy's own message."""
+    with pytest.raises(SystemExit) as exit_info:
+        package.main([str(tmp_path), str(tmp_path / "out"), "--name", name, "--version", "0.1"])
+    assert exit_info.value.code == 2 and f"say {suggestion!r}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["quick_crf", "q", "Quick2", "a_b_c"])
+def test_names_spacy_package_takes_pass_the_check(name):
+    assert package.parse_args(["m", "o", "--name", name, "--version", "0.1"]).name == name
