@@ -1,4 +1,5 @@
 """The three heads: the shared interface, learning a toy task, and long-document decoding."""
+import functools
 import math
 
 import pytest
@@ -790,6 +791,28 @@ def test_lengths_that_are_not_integers_are_a_clear_error(name, lengths, call):
     with pytest.raises(ValueError, match=f"^lengths must be an integer tensor, got "
                                          f"{lengths.dtype}$"):
         run()
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_decode_takes_integer_lengths_only(name):
+    """``decode`` is public, and takes the lengths as they come: a length of 4.5 made the
+    filtered head decode an entity on token 4, past the document."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K).eval()
+    X, lengths = torch.randn(1, 5, D), torch.tensor([5])
+    with torch.no_grad():
+        if name == "FilteredSemiCRF":
+            local, glob = head.span_scores(X, lengths)
+            local[..., 1] += 100.0  # every candidate span an entity: the filter keeps them all
+            decode = functools.partial(head.decode, local, glob)
+        elif name == "SemiCRF":
+            decode = functools.partial(head.decode, head.span_scores(X, lengths))
+        else:
+            decode = functools.partial(head.decode, head.emissions(X, lengths))
+        assert decode(torch.tensor([4])).spans[:, 2].max() <= 3
+        with pytest.raises(ValueError, match="^lengths must be an integer tensor, got "
+                                             "torch.float32$"):
+            decode(torch.tensor([4.5]))
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))

@@ -92,9 +92,7 @@ def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
             f"token vectors must be [B, L, D] and lengths [B], one per document, got "
             f"{tuple(X.shape)} and {tuple(lengths.shape)}"
         )
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-        # a fractional length would end a document at a different token in each mask
-        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    check_lengths(lengths)
     if lengths.shape[0]:
         values = lengths.tolist()  # a microsecond for one document, where aminmax takes four
         low, high = min(values), max(values)
@@ -103,6 +101,14 @@ def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
                 f"lengths must lie between 0 and the {X.shape[1]} token rows of X, got "
                 f"{low if low < 0 else high}"
             )
+
+
+def check_lengths(lengths: torch.Tensor) -> None:
+    """A ``ValueError`` unless ``lengths`` is an integer tensor: a fractional length would end a
+    document at a different token in each mask (the filtered head's candidates took the token
+    past a length of 4.5)."""
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
 
 
 def check_scores(scores: torch.Tensor) -> None:
@@ -490,6 +496,7 @@ class FilteredSemiCRFHead(nn.Module):
     ) -> Prediction:
         """The best path of the filtered graph of ``filter_margin`` and what ``options`` asks
         for besides, from the local and global span scores ``[B, L, K, C]``."""
+        check_lengths(lengths)  # (decode is public: forward has checked its own)
         nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         T = self._transitions()
         if self.null_tokens:
@@ -648,6 +655,7 @@ class SemiCRFHead(nn.Module):
     ) -> Prediction:
         """The best segmentation under the segment ``scores [B, L, K, C]`` and what
         ``options`` asks for besides."""
+        check_lengths(lengths)
         check_scores(scores)
         T = None if self.transitions is None else _wide(self.transitions.detach())
         spans, best = semicrf_viterbi(scores, lengths, T)
@@ -748,6 +756,7 @@ class LinearCRFHead(nn.Module):
     ) -> Prediction:
         """The best valid tag sequence under ``emissions [B, L, n_tags]``, as entities, and
         what ``options`` asks for besides."""
+        check_lengths(lengths)
         check_scores(emissions)
         T = _wide(self.transitions.detach())
         allowed = self.allowed.to(emissions.device)
