@@ -337,6 +337,10 @@ def test_transitions_of_another_precision_are_read_in_the_scores_one(scores_dtyp
     leaf = T.clone().requires_grad_(True)
     filtered_log_partition(scores, mask, labels, leaf).sum().backward()
     assert leaf.grad.dtype == t_dtype and leaf.grad.abs().sum() > 0
+    best, _ = filtered_viterbi(scores, mask, labels, same)
+    score = path_score(scores, best, labels, T)
+    assert score.dtype == scores_dtype
+    assert torch.equal(score, path_score(scores, best, labels, same))
 
 
 def test_compaction_cuts_clusters_and_solves_cliques_directly():

@@ -904,3 +904,14 @@ def test_a_double_head_computes_its_loss_in_double(name):
     lengths, gold = torch.tensor([4, 3]), torch.tensor([[0, 0, 1, 1], [1, 2, 2, 2]])
     assert head(X, lengths, gold).dtype == torch.float64
     assert torch.autograd.gradcheck(lambda x: head(x, lengths, gold), (X,))
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_double_head_with_transitions_decodes_with_path_probabilities(name):
+    """The filtered head's path score read its float64 transitions with float32 node scores."""
+    torch.manual_seed(0)
+    kwargs = {} if name == "LinearCRF" else {"transitions": True}
+    head = HEADS[name](3, 2, max_width=2, hidden_width=4, **kwargs).double().eval()
+    X, lengths = torch.randn(2, 4, 3, dtype=torch.float64), torch.tensor([4, 3])
+    out = head(X, lengths, options=DecodeOptions(path=True, candidates=True))
+    assert out.path.shape == (2,) and bool(((out.path > 0) & (out.path <= 1 + 1e-6)).all())

@@ -627,6 +627,7 @@ def path_score(
         return total
     if node_labels is None:
         raise ValueError("transitions need the nodes' labels")
+    transitions = transitions.to(node_scores.dtype)  # as in _solve (a no-op where they agree)
     doc, start, width = path_mask.nonzero(as_tuple=True)  # sorted by (doc, start)
     if doc.numel() == 0:
         return total
