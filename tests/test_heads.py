@@ -897,7 +897,7 @@ def test_unchecked_rows_give_the_checked_values():
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_a_double_head_computes_its_loss_in_double(name):
     """``head.double()`` trains in float64 (gradcheck holds): the heads sum half-precision
-    scores in float32, and cast a double head's scores to float32 too."""
+    scores in float32 (they cast a double head's to float32 as well, so gradcheck failed)."""
     torch.manual_seed(0)
     head = HEADS[name](3, 2, max_width=2, hidden_width=4, dropout=0.0).double()
     X = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
