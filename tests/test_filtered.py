@@ -649,7 +649,31 @@ def test_transitions_without_labels_are_a_clear_error():
     mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 1] = True
     scores, T = torch.randn(1, 4, 2), torch.randn(3, 3)
     for solve in (filtered_log_partition, filtered_viterbi, filtered_marginals, filtered_decode):
-        with pytest.raises(ValueError, match="transitions need the nodes' labels"):
+        with pytest.raises(ValueError, match="^transitions need the nodes' labels$"):
             solve(scores, mask, None, T)
-    with pytest.raises(ValueError, match="transitions need the nodes' labels"):
+    with pytest.raises(ValueError, match="^transitions need the nodes' labels$"):
         path_score(scores, mask, None, T)
+
+
+def test_grids_of_other_shapes_are_a_clear_error_naming_them():
+    mask = torch.zeros(1, 4, 2, dtype=torch.bool)
+    mask[0, 1, 0] = True
+    labels = torch.ones(1, 4, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^node scores, mask and labels must share one \[B, L, "
+                                         r"K\] shape, got \(1, 4, 2\), \(1, 4, 2\) and "
+                                         r"\(1, 4, 3\)$"):
+        filtered_log_partition(torch.zeros(1, 4, 2), mask, labels)
+
+
+def test_a_half_precision_node_at_minus_infinity_is_on_no_path():
+    """float16 cannot hold NEG (-1e30 rounds to -inf): such a node is clamped to a quarter of
+    float16's lowest value instead, and log Z and the marginals stay finite."""
+    mask = torch.zeros(1, 4, 2, dtype=torch.bool)
+    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 1] = True
+    scores = torch.tensor([[[0.0, -math.inf], [0.5, 0.0], [0.0, -0.25], [0.0, 0.0]]])
+    want = filtered_log_partition(scores, mask)
+    got = filtered_log_partition(scores.half(), mask)
+    assert got.dtype == torch.float16 and torch.isfinite(got).all()
+    assert got.float().item() == pytest.approx(want.item(), abs=1e-2)
+    marginals = filtered_marginals(scores.half(), mask)
+    assert not marginals.isnan().any() and marginals[0, 0, 1].item() == 0.0
