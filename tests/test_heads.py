@@ -763,16 +763,23 @@ def test_lengths_that_do_not_match_the_batch_are_a_clear_error(name, x_shape, le
 def test_lengths_outside_the_rows_of_x_are_a_clear_error(name, lengths, bad, call):
     """A length past the rows of ``X`` made the filtered head decode spans past them and the
     semi-CRF raise an IndexError; a negative one was read as an empty document."""
+    head, X, lengths, run = _call_on_lengths(name, lengths, call)
+    with pytest.raises(ValueError, match=f"^lengths must lie between 0 and the 5 token rows of "
+                                         f"X, got {bad}$"):
+        run()
+    head(X, lengths.clamp(0, 5))  # the same batch with valid lengths decodes
+
+
+def _call_on_lengths(name, lengths, call):
+    """A head of ``name``, a batch of two documents of 5 token rows with ``lengths``, and a
+    function that runs ``call`` ("decode", "loss" or "nbest") on them."""
     torch.manual_seed(0)
     head = HEADS[name](D, M, max_width=K).eval()
     X, lengths = torch.randn(2, 5, D), torch.tensor(lengths)
     run = {"decode": lambda: head(X, lengths),
            "loss": lambda: head(X, lengths, torch.tensor([[0, 1, 2, 1]])),
            "nbest": lambda: head.nbest(X, lengths, 2)}[call]
-    with pytest.raises(ValueError, match=f"^lengths must lie between 0 and the 5 token rows of "
-                                         f"X, got {bad}$"):
-        run()
-    head(X, lengths.clamp(0, 5))  # the same batch with valid lengths decodes
+    return head, X, lengths, run
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))
@@ -782,12 +789,7 @@ def test_lengths_that_are_not_integers_are_a_clear_error(name, lengths, call):
     """A length of 4.5 ended the document after token 4 in the filtered head's candidate
     mask (4 < 4.5), so it decoded an entity on a token the document does not have, and after
     token 3 in the semi-CRF's scan (``long()``)."""
-    torch.manual_seed(0)
-    head = HEADS[name](D, M, max_width=K).eval()
-    X, lengths = torch.randn(2, 5, D), torch.tensor(lengths)
-    run = {"decode": lambda: head(X, lengths),
-           "loss": lambda: head(X, lengths, torch.tensor([[0, 1, 2, 1]])),
-           "nbest": lambda: head.nbest(X, lengths, 2)}[call]
+    _, _, lengths, run = _call_on_lengths(name, lengths, call)
     with pytest.raises(ValueError, match=f"^lengths must be an integer tensor, got "
                                          f"{lengths.dtype}$"):
         run()
