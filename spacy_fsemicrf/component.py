@@ -712,7 +712,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if not model_is_initialized(self.model):
             raise ValueError(f"[{self.name}] nbest needs a trained component: initialize and "
                              f"train the pipeline, or load a trained one")
-        if len(doc) and _listener_output_missing(doc, self.model.get_ref("tok2vec").name):
+        if len(doc) and _listener_output_missing(doc, self.model.get_ref("tok2vec")):
             raise ValueError(
                 f"[{self.name}] nbest needs a document the pipeline has run on (its tok2vec "
                 f"vectors come from the shared tok2vec component): nbest(nlp(text), k)."
@@ -880,14 +880,17 @@ def _reached_a_power_of_ten(before: int, after: int) -> bool:
     return before == 0 or len(str(before)) != len(str(after))
 
 
-def _listener_output_missing(doc: Doc, tok2vec_name: str) -> bool:
-    """Whether a listener tok2vec (its model's name) would read zeros for ``doc``: in
-    prediction it reads what the upstream component left on the doc (``doc.tensor`` for
-    spaCy's tok2vec, ``doc._.trf_data`` for spacy-transformers'), which a doc straight from
-    the tokenizer lacks. False for a tok2vec of the component's own."""
-    if "transformer-listener" in tok2vec_name:
+def _listener_output_missing(doc: Doc, tok2vec: Model) -> bool:
+    """Whether a listener in ``tok2vec`` would read zeros for ``doc``: in prediction it reads
+    what the upstream component left on the doc (``doc.tensor`` for spaCy's tok2vec,
+    ``doc._.trf_data`` for spacy-transformers'), which a doc straight from the tokenizer lacks.
+    False for a tok2vec of the component's own. The listener node itself is looked for, not
+    the name of ``tok2vec``: ``TransformerListener.v1`` wraps its listener in a chain, whose
+    name (saved and restored with the weights) stays the same after ``replace_listeners``."""
+    listeners = {node.name for node in tok2vec.walk() if node.name.endswith("listener")}
+    if "transformer-listener" in listeners:
         return getattr(doc._, "trf_data", None) is None
-    return "listener" in tok2vec_name and doc.tensor.size == 0
+    return bool(listeners) and doc.tensor.size == 0
 
 
 def _span_groups(

@@ -459,6 +459,33 @@ def test_nbest_with_a_shared_tok2vec_needs_a_document_the_pipeline_has_run_on():
         fresh.nbest(own.make_doc(text), 2)
 
 
+def test_nbest_takes_a_document_after_the_transformer_listener_was_replaced():
+    """spacy-transformers' listener tok2vec is a chain around the listener, whose name stays
+    ``transformer-listener>>trfs2arrays`` after ``nlp.replace_listeners`` (and is restored so
+    on loading): the component then runs a transformer of its own, and nbest must not refuse
+    a document without ``doc._.trf_data`` (the transformer component removed)."""
+    pytest.importorskip("spacy_transformers")
+    from spacy.util import registry
+    from spacy_transformers.layers._util import replace_listener
+    from spacy_transformers.pipeline_component import install_extensions
+    from thinc.api import reduce_mean
+
+    install_extensions()
+    tok2vec = registry.architectures.get("spacy-transformers.TransformerListener.v1")(
+        grad_factor=1.0, pooling=reduce_mean())
+    listener = next(node for node in tok2vec.walk() if node.name == "transformer-listener")
+    own = replace_listener(Model("transformer", lambda model, X, is_train: (X, lambda dY: dY)))
+    tok2vec.replace_node(listener, own)
+    assert tok2vec.name == "transformer-listener>>trfs2arrays"  # no listener left inside
+    # a component with a tok2vec of its own that carries that name, as such a pipeline does
+    nlp, _ = _initialized()
+    ner = nlp.get_pipe("fsemicrf_ner")
+    ner.model.get_ref("tok2vec").name = tok2vec.name
+    doc = nlp.make_doc("John Smith works for Google in Paris .")
+    assert doc._.trf_data is None
+    assert 1 <= len(ner.nbest(doc, 2)) <= 2
+
+
 def test_a_model_of_another_architecture_is_refused_when_the_component_is_made():
     """A config turned from ``spacy init config -p ner`` keeps the parser's model block: it
     passed ``spacy debug config`` and failed at initialization with a bare KeyError."""
