@@ -30,8 +30,6 @@ REPO = Path(__file__).resolve().parent.parent
 # What the spacy-fsemicrf wheel is built from (setup.cfg names the package data).
 SOURCE_FILES = ["setup.cfg", "pyproject.toml", "README.md", "LICENSE"]
 SOURCE_PACKAGE = "spacy_fsemicrf"
-# spacy package's permitted package name (PEP 426), as spacy.cli.package checks it
-PERMITTED_NAME = r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9]"
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -43,7 +41,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     # spaCy's rules for a package name (an identifier, and a name that starts and ends with a
     # letter or digit), checked before building
-    if not (args.name.isidentifier() and re.fullmatch(PERMITTED_NAME, args.name, re.I)):
+    from spacy.cli.package import _is_permitted_package_name  # (spacy package's own check)
+
+    if not (args.name.isidentifier() and _is_permitted_package_name(args.name)):
         suggestion = re.sub(r"^[\d_]+|_+$", "", re.sub(r"\W", "_", args.name, flags=re.A))
         parser.error(f"--name {args.name!r}: ASCII letters, digits and underscores only, "
                      f"starting with a letter and not ending with an underscore, as spacy "
