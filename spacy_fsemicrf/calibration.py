@@ -325,9 +325,9 @@ def raw_outcomes(
     """``(raw confidences, correct, seen)`` of the entities ``component`` writes (trimmed of
     whitespace, before any threshold) on ``gold_docs`` as ``spacy evaluate`` reads them
     (:func:`as_read`), scored as spaCy's NER scorer scores them: each entity is aligned to the
-    gold tokens; one that aligns to none, or covers a gold
-    token without entity annotation, is neither right nor wrong and is left out (so is every
-    entity of a document without entity annotation). Correct when its aligned span and label
+    gold tokens; one that aligns to none, or covers a gold token without entity annotation, is
+    neither right nor wrong and is left out (so is every entity of a document without entity
+    annotation). Correct when its aligned span and label
     are a gold entity, seen when its text is an entity's text in the component's training
     data."""
     pipe = nlp.get_pipe(component)
@@ -420,8 +420,7 @@ def make_calibrate_callback(
     file or a directory of them, as ``spacy.Corpus.v1`` reads it; it reads only those files,
     once). Without ``component``, every component made by the ``fsemicrf_ner`` factory, whatever
     its name, each its own map; a ``ValueError`` when there is none."""
-    docbins: List[DocBin] = []
-    read = [False]
+    corpus: List[List[DocBin]] = []  # its DocBins, once read
     saves = [0]  # how many so far
 
     def calibrate_before_to_disk(nlp: Language) -> Language:
@@ -429,9 +428,9 @@ def make_calibrate_callback(
         if not names:
             raise ValueError("spacy-fsemicrf.calibrate.v1: the pipeline has no fsemicrf_ner "
                              f"component to calibrate (its components: {nlp.pipe_names})")
-        if not read[0]:
+        if not corpus:
             try:
-                docbins.extend(read_docbins(dev_path))
+                corpus.append(read_docbins(dev_path))
             except (OSError, ValueError, TypeError) as err:  # (spaCy's E1014 is a ValueError)
                 raise ValueError(
                     f"spacy-fsemicrf.calibrate.v1 reads its dev_path ({dev_path}) as spaCy's "
@@ -439,11 +438,10 @@ def make_calibrate_callback(
                     f"dev_path at a .spacy copy of the dev set (python -m spacy convert), or "
                     f"leave the callback out and calibrate the trained pipeline with python -m "
                     f"spacy_fsemicrf calibrate") from err
-            read[0] = True
         for name in names:
             # get_docs is a generator, read once: new ones per component. A poor fit is
             # reported at the first save only, not at every one
-            docs = (doc for docbin in docbins for doc in docbin.get_docs(nlp.vocab))
+            docs = (doc for docbin in corpus[0] for doc in docbin.get_docs(nlp.vocab))
             calibrate_component(nlp, name, docs, warn_poor_fit=saves[0] == 0)
         saves[0] += 1
         return nlp

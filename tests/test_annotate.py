@@ -447,7 +447,6 @@ def test_a_failed_shard_write_leaves_nothing(tmp_path):
     assert list((tmp_path / "shards").iterdir()) == []
 
 
-
 def test_a_shard_docbin_is_the_docbin_of_its_documents(trained_nlp):
     """shard_docbin builds, column by column, what DocBin.add builds token by token: the same
     strings, token columns, spaces, flags, cats, user data and span groups."""

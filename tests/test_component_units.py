@@ -21,7 +21,6 @@ except ImportError:  # pragma: no cover
     from conftest import make_examples, model_config
 
 
-
 def _component(arch: str = "spacy-fsemicrf.FilteredSemiCRF.v1", **model):
     """``(nlp, ner)``: a blank English pipeline with fsemicrf_ner on the small tok2vec."""
     nlp = spacy.blank("en")

@@ -84,7 +84,6 @@ def _check_count(constraints: Sequence[Optional[DocConstraints]], batch: int) ->
         )
 
 
-
 def empty_document_report(doc: Optional[DocConstraints]) -> Optional[ConstraintReport]:
     """The report of a document without tokens (None without constraints): its one
     segmentation, the empty one, obeys them or none does."""
@@ -150,11 +149,11 @@ def filtered_constrained(
         on_path = numpy.flatnonzero(keep[lo:hi])
         viterbi = [tuple(r) for r in rows[lo:hi][on_path, 1:].tolist()]
         viterbi_score = _chain_score(scores[lo:hi][on_path], [r[2] for r in viterbi], T)
-        force_score = None
-        if global_scores is not None:
-            force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa
         items = None
         if program.forbids or program.forces or doc.closed_starts:  # may change the node set
+            force_score = None
+            if global_scores is not None:
+                force_score = lambda s, e, c, b=b: float(global_scores[b, s, e - s, c])  # noqa
             items = itemgraphs.filtered_items(
                 rows[lo:hi, 1:], scores[lo:hi], length, K, program, force_score,
                 doc.closed_starts)

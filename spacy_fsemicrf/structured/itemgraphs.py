@@ -29,9 +29,9 @@ from .pathsearch import ItemGraph
 
 class DocItems(NamedTuple):
     """One document's item graph; ``changed`` says whether the token-level constraints removed
-    or added items (the closed starts aside: the entities are checked trimmed), ``conflict`` why they cannot all hold ("" when they can); ``origin``
-    (filtered head) maps each item to its node in the input list, -1 for an added forced
-    span."""
+    or added items (the closed starts aside: the entities are checked trimmed), ``conflict``
+    why they cannot all hold ("" when they can); ``origin`` (filtered head) maps each item to
+    its node in the input list, -1 for an added forced span."""
 
     graph: Optional[ItemGraph]
     changed: bool = False
