@@ -20,10 +20,10 @@ Fitting it:
 
 * during ``spacy train``, with the ``spacy-fsemicrf.calibrate.v1`` callback in
   ``[training.before_to_disk]``: every saved pipeline (``model-last``, hence ``model-best``)
-  carries a map fitted on the dev corpus;
+  carries a map fitted on the dev examples its evaluations score (``[training] dev_corpus``);
 * for a trained pipeline: ``python -m spacy_fsemicrf calibrate MODEL DEV.spacy`` (with
   ``--train TRAIN.spacy`` for a pipeline that does not carry its training entities);
-* from Python: :func:`calibrate_component`.
+* from Python: :func:`calibrate_component`, on Examples (``spacy.training.Corpus(path)(nlp)``).
 
 Only the documents given are read: fit on a development split, never on the test set. A few
 hundred predicted entities make a usable map; a few thousand a good one. The fit counts the
@@ -42,9 +42,10 @@ import spacy
 from spacy.language import Language
 from spacy.strings import hash_string
 from spacy.tokens import Doc, DocBin, Span
-from spacy.training import Example
+from spacy.training import Corpus, Example, validate_examples
 from spacy.training.corpus import walk_corpus
-from spacy.util import minibatch, registry
+from spacy.util import minibatch, registry, resolve_dot_names
+from thinc.api import ConfigValidationError
 
 
 logger = logging.getLogger("spacy_fsemicrf")
@@ -297,14 +298,9 @@ def corpus_files(path: Union[str, Path]) -> List[Union[str, Path]]:
     return list(walk_corpus(path, ".spacy")) if Path(path).is_dir() else [path]
 
 
-def read_docbins(path: Union[str, Path]) -> List[DocBin]:
-    """The DocBins of a ``.spacy`` file or of a directory of them (:func:`corpus_files`)."""
-    return [DocBin().from_disk(file) for file in corpus_files(path)]
-
-
 def read_docs(path: Union[str, Path], vocab) -> List[Doc]:
     """The documents of a ``.spacy`` file (DocBin) or of a directory of them."""
-    return [doc for docbin in read_docbins(path) for doc in docbin.get_docs(vocab)]
+    return [doc for file in corpus_files(path) for doc in DocBin().from_disk(file).get_docs(vocab)]
 
 
 def unannotated(doc: Doc) -> Doc:
@@ -312,23 +308,17 @@ def unannotated(doc: Doc) -> Doc:
     return Doc(doc.vocab, words=[t.text for t in doc], spaces=[bool(t.whitespace_) for t in doc])
 
 
-def as_read(nlp: Language, gold: Doc) -> Doc:
-    """The document the pipeline predicts on for ``gold`` in ``spacy evaluate`` and ``spacy
-    train`` (``spacy.Corpus.v1`` without ``gold_preproc``): its text as the tokenizer splits
-    it, or its own tokens when its spaces are unknown (a corpus made from words alone)."""
-    return unannotated(gold) if gold.has_unknown_spaces else nlp.make_doc(gold.text)
-
-
 def raw_outcomes(
-    nlp: Language, component: str, gold_docs: Iterable[Doc]
+    nlp: Language, component: str, examples: Iterable[Example]
 ) -> Tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
     """``(raw confidences, correct, seen)`` of the entities ``component`` writes (trimmed of
-    whitespace, before any threshold) on ``gold_docs`` as ``spacy evaluate`` reads them
-    (:func:`as_read`), scored as spaCy's NER scorer scores them: each entity is aligned to the
-    gold tokens; one that aligns to none, or covers a gold token without entity annotation, is
-    neither right nor wrong and is left out (so is every entity of a document without entity
-    annotation). Correct when its aligned span and label
-    are a gold entity, seen when its text is an entity's text in the component's training
+    whitespace, before any threshold) on copies of the ``examples``' predicted documents, as
+    their reader made them (what ``nlp.evaluate`` predicts on: for ``spacy.Corpus.v1`` the text
+    as the tokenizer splits it), scored as spaCy's NER scorer scores them against the reference
+    documents: each entity is aligned to the gold tokens; one that aligns to none, or covers a
+    gold token without entity annotation, is neither right nor wrong and is left out (so is
+    every entity of a document without entity annotation). Correct when its aligned span and
+    label are a gold entity, seen when its text is an entity's text in the component's training
     data."""
     pipe = nlp.get_pipe(component)
     before = nlp.pipe_names[: nlp.pipe_names.index(component)]
@@ -336,15 +326,17 @@ def raw_outcomes(
     raws: List[numpy.ndarray] = []
     seen: List[numpy.ndarray] = []
     correct: List[bool] = []
-    for batch in minibatch(list(gold_docs), PREDICT_BATCH):
+    for batch in minibatch(list(examples), PREDICT_BATCH):
+        # copies, as nlp.evaluate makes: the examples stay as read (the callback keeps them)
         with nlp.select_pipes(enable=before):
-            docs = list(nlp.pipe(as_read(nlp, gold) for gold in batch))
+            docs = list(nlp.pipe(eg.predicted.copy() for eg in batch))
+        gold = [eg.reference for eg in batch]
         # the entities as the component writes them (trimmed of whitespace), not as decoded
         entities, raw = pipe.written_entities(docs, pipe.predict(docs))
-        x2y = [Example(doc, gold).alignment.x2y for doc, gold in zip(docs, batch)]
+        x2y = [Example(doc, ref).alignment.x2y for doc, ref in zip(docs, gold)]
         # as in spacy.scorer.get_ner_prf: ENT_IOB 0 is a token whose annotation is missing
-        missing = [gold.to_array("ENT_IOB") == 0 for gold in batch]
-        truth = [{(e.start, e.end - 1, e.label_) for e in gold.ents} for gold in batch]
+        missing = [ref.to_array("ENT_IOB") == 0 for ref in gold]
+        truth = [{(e.start, e.end - 1, e.label_) for e in ref.ents} for ref in gold]
         scored = numpy.zeros(len(entities), dtype=bool)
         for row, (i, start, end, label) in enumerate(entities.tolist()):
             indices = x2y[i][start:end + 1]
@@ -364,33 +356,38 @@ fitted on few."""
 
 
 def calibrate_component(
-    nlp: Language, component: str, gold_docs: Iterable[Doc], warn_poor_fit: bool = True
+    nlp: Language, component: str, examples: Iterable[Example], warn_poor_fit: bool = True
 ) -> Optional[Dict[str, Any]]:
-    """Fit the calibration map of ``nlp``'s ``component`` on the held-out ``gold_docs`` (with
-    their gold entities), store it in the component and return it; None, with a warning and
-    the map unchanged, when the component predicts no entity on them. Documents without entity
-    annotation are left out (with a warning under ``warn_poor_fit``), as from the training
-    loss: their predicted entities would all count as wrong. In partly annotated documents,
-    predicted entities that cover a token without annotation are left out, as spaCy's NER
-    scorer leaves them out (:func:`raw_outcomes`). With ``warn_poor_fit``, it warns when the
-    documents have no gold entity of one of the component's labels (not annotated with it?),
-    when they have gold entities of a label the component does not know (a label of the dev
-    set only) and when it fits on fewer than :data:`FEW_ENTITIES` predicted entities."""
+    """Fit the calibration map of ``nlp``'s ``component`` on held-out ``examples`` (as a corpus
+    reader yields them, say ``spacy.training.Corpus(path)(nlp)``: the pipeline predicts on
+    their predicted documents, as ``nlp.evaluate`` does, and is scored against their reference
+    entities), store it in the component and return it; None, with a warning and the map
+    unchanged, when the component predicts no entity on them. Examples whose reference has no
+    entity annotation are left out (with a warning under ``warn_poor_fit``), as from the
+    training loss: their predicted entities would all count as wrong. In partly annotated
+    documents, predicted entities that cover a token without annotation are left out, as
+    spaCy's NER scorer leaves them out (:func:`raw_outcomes`). With ``warn_poor_fit``, it warns
+    when the documents have no gold entity of one of the component's labels (not annotated
+    with it?), when they have gold entities of a label the component does not know (a label of
+    the dev set only) and when it fits on fewer than :data:`FEW_ENTITIES` predicted
+    entities."""
     pipe = nlp.get_pipe(component)
     if not hasattr(pipe, "calibration"):
         raise ValueError(f"'{component}' is not an fsemicrf_ner component")
-    docs = list(gold_docs)
-    annotated = [doc for doc in docs if doc.has_annotation("ENT_IOB")]
-    if warn_poor_fit and len(annotated) < len(docs):
+    examples = list(examples)
+    validate_examples(examples, "calibrate_component")
+    annotated = [eg for eg in examples if eg.reference.has_annotation("ENT_IOB")]
+    if warn_poor_fit and len(annotated) < len(examples):
         logger.warning("%s: %d of the %d calibration documents have no entity annotation and "
-                       "are left out", component, len(docs) - len(annotated), len(docs))
-    absent = sorted(set(pipe.labels) - {e.label_ for doc in annotated for e in doc.ents})
+                       "are left out", component, len(examples) - len(annotated), len(examples))
+    gold_labels = {e.label_ for eg in annotated for e in eg.reference.ents}
+    absent = sorted(set(pipe.labels) - gold_labels)
     if warn_poor_fit and annotated and absent:
         logger.warning("%s: the calibration documents have no gold entity labelled %s; if they "
                        "are not annotated with these labels, mark those tokens as missing "
                        "(Doc.set_ents(missing=...)), or each such prediction counts as wrong",
                        component, ", ".join(absent))
-    unknown = sorted({e.label_ for doc in annotated for e in doc.ents} - set(pipe.labels))
+    unknown = sorted(gold_labels - set(pipe.labels))
     if warn_poor_fit and unknown:
         logger.warning("%s: the calibration documents have gold entities labelled %s, which the "
                        "component was not trained on: it never predicts them, and its scores "
@@ -411,38 +408,74 @@ def fsemicrf_components(nlp: Language) -> List[str]:
     return [name for name in nlp.pipe_names if nlp.get_pipe_meta(name).factory == "fsemicrf_ner"]
 
 
-@registry.callbacks("spacy-fsemicrf.calibrate.v1")
+CALLBACK = "spacy-fsemicrf.calibrate.v1"
+
+
+def configured_dev_corpus(nlp: Language) -> Tuple[str, Callable[[Language], Iterable[Example]]]:
+    """``(name, reader)`` of the ``[training] dev_corpus`` of ``nlp.config``, resolved as
+    ``spacy train`` resolves it for its evaluations: on the interpolated config (during
+    training ``nlp.config`` is the raw one, command-line overrides applied: ``${paths.dev}``
+    is the path given). A ``ValueError`` that says why when it cannot be resolved."""
+    try:
+        config = nlp.config.interpolate()
+        name = config.get("training", {}).get("dev_corpus")
+        if not isinstance(name, str):
+            raise ValueError(f"[training] dev_corpus is {name!r}, not the dot name of a reader")
+        (reader,) = resolve_dot_names(config, [name])
+    except (KeyError, ValueError) as err:  # (a ConfigValidationError is a ValueError)
+        short = isinstance(err, ConfigValidationError)  # its message, not the whole config
+        why = ConfigValidationError.from_error(err, show_config=False) if short else err
+        raise ValueError(
+            f"{CALLBACK} reads the dev corpus that spacy train evaluates on, [training] "
+            f"dev_corpus of the pipeline's config, and cannot resolve it: "
+            f"{' '.join(str(why).split())}. Give the config a [training] dev_corpus naming a "
+            f"reader (such as corpora.dev), or the callback a dev_path (.spacy files)") from err
+    return name, reader
+
+
+def read_dev_examples(nlp: Language, dev_path: Optional[Union[str, Path]] = None) -> List[Example]:
+    """The dev examples as ``spacy train`` reads them for its evaluations: from the reader of
+    ``[training] dev_corpus`` (:func:`configured_dev_corpus`), or ``spacy.Corpus.v1`` of
+    ``dev_path`` when it is given (``.spacy`` files, as ``spacy evaluate`` reads them). A
+    ``ValueError`` naming the callback when they cannot be read or there are none."""
+    if dev_path is not None:
+        where, reader = f"dev_path {dev_path}", Corpus(dev_path)
+    else:
+        name, reader = configured_dev_corpus(nlp)
+        where = f"[training] dev_corpus {name}"
+    try:
+        examples = list(reader(nlp))
+    except (OSError, ValueError, TypeError) as err:  # (spaCy's E1014 is a ValueError)
+        raise ValueError(f"{CALLBACK} cannot read its dev corpus ({where}): {err}") from err
+    if not examples:
+        raise ValueError(f"{CALLBACK}: its dev corpus ({where}) yields no examples")
+    return examples
+
+
+@registry.callbacks(CALLBACK)
 def make_calibrate_callback(
-    dev_path: Union[str, Path], component: Optional[str] = None
+    dev_path: Optional[Union[str, Path]] = None, component: Optional[str] = None
 ) -> Callable[[Language], Language]:
     """A ``[training.before_to_disk]`` callback: before each save, fit ``component``'s
-    calibration map on the documents of ``dev_path`` (give it ``${paths.dev}``: a ``.spacy``
-    file or a directory of them, as ``spacy.Corpus.v1`` reads it; it reads only those files,
-    once). Without ``component``, every component made by the ``fsemicrf_ner`` factory, whatever
-    its name, each its own map; a ``ValueError`` when there is none."""
-    corpus: List[List[DocBin]] = []  # its DocBins, once read
+    calibration map on the dev examples ``spacy train`` evaluates on, read by the reader of
+    the config's ``[training] dev_corpus`` (whatever ``[corpora.dev]`` is: a reader of the
+    user's own, ``spacy.Corpus.v1`` with ``gold_preproc``, ``limit``...), or, given
+    ``dev_path``, the ``.spacy`` files there (:func:`read_dev_examples`); read once, at the
+    first save. Without ``component``, every component made by the ``fsemicrf_ner`` factory,
+    whatever its name, each its own map; a ``ValueError`` when there is none."""
+    examples: List[List[Example]] = []  # the dev examples, once read
     saves = [0]  # how many so far
 
     def calibrate_before_to_disk(nlp: Language) -> Language:
         names = [component] if component is not None else fsemicrf_components(nlp)
         if not names:
-            raise ValueError("spacy-fsemicrf.calibrate.v1: the pipeline has no fsemicrf_ner "
-                             f"component to calibrate (its components: {nlp.pipe_names})")
-        if not corpus:
-            try:
-                corpus.append(read_docbins(dev_path))
-            except (OSError, ValueError, TypeError) as err:  # (spaCy's E1014 is a ValueError)
-                raise ValueError(
-                    f"spacy-fsemicrf.calibrate.v1 reads its dev_path ({dev_path}) as spaCy's "
-                    f".spacy (DocBin) files and cannot: {err}. Point [training.before_to_disk] "
-                    f"dev_path at a .spacy copy of the dev set (python -m spacy convert), or "
-                    f"leave the callback out and calibrate the trained pipeline with python -m "
-                    f"spacy_fsemicrf calibrate") from err
+            raise ValueError(f"{CALLBACK}: the pipeline has no fsemicrf_ner component to "
+                             f"calibrate (its components: {nlp.pipe_names})")
+        if not examples:
+            examples.append(read_dev_examples(nlp, dev_path))
         for name in names:
-            # get_docs is a generator, read once: new ones per component. A poor fit is
-            # reported at the first save only, not at every one
-            docs = (doc for docbin in corpus[0] for doc in docbin.get_docs(nlp.vocab))
-            calibrate_component(nlp, name, docs, warn_poor_fit=saves[0] == 0)
+            # a poor fit is reported at the first save only, not at every one
+            calibrate_component(nlp, name, examples[0], warn_poor_fit=saves[0] == 0)
         saves[0] += 1
         return nlp
 
@@ -488,13 +521,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                      f"{nlp.pipe_names})")
     if args.component is not None:
         names = [args.component]
-    dev_docs = read_docs(args.dev, nlp.vocab)
+    dev_examples = list(Corpus(args.dev)(nlp))  # as spacy evaluate reads it
     train_docs = read_docs(args.train, nlp.vocab) if args.train is not None else None
     fitted = {}
     for name in names:
         if train_docs is not None:
             nlp.get_pipe(name).record_seen_entities(train_docs)
-        fitted[name] = calibrate_component(nlp, name, dev_docs)
+        fitted[name] = calibrate_component(nlp, name, dev_examples)
     failed = [name for name, value in fitted.items() if value is None]
     for name in failed:
         print(f"{name}: no predicted entity in the annotated documents of {args.dev}; its map "

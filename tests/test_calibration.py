@@ -9,6 +9,8 @@ import functools
 import importlib.util
 import logging
 import math
+import re
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Dict, Tuple
@@ -525,12 +527,18 @@ def _ents(docs):
     return [[(e.start, e.end, e.label_) for e in doc.ents] for doc in docs]
 
 
+def _read(nlp, gold):
+    """Examples of the ``gold`` documents as ``spacy.Corpus.v1`` reads them (their text as the
+    pipeline's tokenizer splits it)."""
+    return [Example(nlp.make_doc(doc.text), doc) for doc in gold]
+
+
 def test_scores_are_calibrated_and_the_map_is_saved(small_nlp, tmp_path):
     nlp = _copy(small_nlp, tmp_path)
     ner = nlp.get_pipe("fsemicrf_ner")
     texts = [t for t, _ in TRAIN_DATA]
     raw_docs = list(nlp.pipe(texts))
-    fitted = calibrate_component(nlp, "fsemicrf_ner", [eg.reference for eg in make_examples(nlp)])
+    fitted = calibrate_component(nlp, "fsemicrf_ner", make_examples(nlp))
     assert ner.calibration == fitted and fitted["n_entities"] > 0
     docs = list(nlp.pipe(texts))
     assert _ents(docs) == _ents(raw_docs)  # the map changes the scores, never the decisions
@@ -556,14 +564,14 @@ def test_scores_are_calibrated_and_the_map_is_saved(small_nlp, tmp_path):
 
 def test_the_fit_uses_only_the_documents_given(small_nlp, tmp_path):
     nlp = _copy(small_nlp, tmp_path)
-    gold = [eg.reference for eg in make_examples(nlp)]
-    first, second = gold[:4], gold[4:]
+    examples = make_examples(nlp)
+    first, second = examples[:4], examples[4:]
     raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", first)
     assert calibrate_component(nlp, "fsemicrf_ner", first) == fit_calibration(raw, correct, seen)
     raw2, correct2, seen2 = raw_outcomes(nlp, "fsemicrf_ner", second)
     assert calibrate_component(nlp, "fsemicrf_ner", second) == fit_calibration(raw2, correct2, seen2)
     # the outcomes are the gold entities' exact matches
-    n_gold = sum(len(doc.ents) for doc in first)
+    n_gold = sum(len(eg.reference.ents) for eg in first)
     assert correct.sum() <= min(n_gold, raw.size)
 
 
@@ -572,8 +580,8 @@ def test_documents_without_entity_annotation_are_left_out_of_the_fit(small_nlp, 
     """A document whose entities were never set counted every predicted entity as wrong: a dev
     set of such documents fitted a map that scored every entity near 0, without a word."""
     nlp = _copy(small_nlp, tmp_path)
-    gold = [eg.reference for eg in make_examples(nlp)]
-    bare = [nlp.make_doc(doc.text) for doc in gold]
+    gold = make_examples(nlp)
+    bare = _read(nlp, [nlp.make_doc(eg.reference.text) for eg in gold])
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         mixed = calibrate_component(nlp, "fsemicrf_ner", gold + bare)
     assert mixed == calibrate_component(nlp, "fsemicrf_ner", gold)
@@ -599,8 +607,8 @@ def test_the_fit_warns_about_few_entities_and_labels_without_gold(small_nlp, tmp
         doc.set_ents([e for e in doc.ents if e.label_ == "PER"], default="outside")
         per_only.append(doc)
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
-        calibrate_component(nlp, "fsemicrf_ner", per_only)
-    n = raw_outcomes(nlp, "fsemicrf_ner", per_only)[0].size
+        calibrate_component(nlp, "fsemicrf_ner", _read(nlp, per_only))
+    n = raw_outcomes(nlp, "fsemicrf_ner", _read(nlp, per_only))[0].size
     assert 0 < n < FEW_ENTITIES
     assert [r.getMessage() for r in caplog.records] == [
         "fsemicrf_ner: the calibration documents have no gold entity labelled LOC, ORG; if "
@@ -610,7 +618,7 @@ def test_the_fit_warns_about_few_entities_and_labels_without_gold(small_nlp, tmp
         "usable one"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
-        calibrate_component(nlp, "fsemicrf_ner", gold * (FEW_ENTITIES // n + 1))
+        calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold) * (FEW_ENTITIES // n + 1))
     assert not caplog.records
 
 
@@ -627,14 +635,14 @@ def test_the_fit_warns_about_gold_labels_the_component_does_not_know(small_nlp, 
         gold.append(doc)
     assert "DRUG" not in nlp.get_pipe("fsemicrf_ner").labels
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
-        calibrate_component(nlp, "fsemicrf_ner", gold * 10)
+        calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold) * 10)
     assert [r.getMessage() for r in caplog.records] == [
         "fsemicrf_ner: the calibration documents have gold entities labelled DRUG, which the "
         "component was not trained on: it never predicts them, and its scores on these "
         "documents count them as missed"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
-        calibrate_component(nlp, "fsemicrf_ner", gold * 10, warn_poor_fit=False)
+        calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold) * 10, warn_poor_fit=False)
     assert not caplog.records
 
 
@@ -655,11 +663,11 @@ def test_entities_on_tokens_without_annotation_are_left_out_as_the_scorer_does(s
     scored = [e for p, g in zip(preds, gold) for e in p.ents
               if all(t.ent_iob_ for t in g[e.start:e.end])]
     assert 0 < len(scored) < n_predicted  # some entities are on the unannotated halves
-    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", gold)
+    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", _read(nlp, gold))
     assert raw.size == seen.size == correct.size == len(scored)
     precision = get_ner_prf([Example(p, g) for p, g in zip(preds, gold)])["ents_p"]
     assert correct.mean() == pytest.approx(precision)
-    fitted = calibrate_component(nlp, "fsemicrf_ner", gold)
+    fitted = calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold))
     assert (fitted["n_entities"], fitted["n_correct"]) == (len(scored), int(correct.sum()))
 
 
@@ -696,7 +704,7 @@ def test_the_fit_predicts_on_the_tokens_of_the_pipeline_as_spacy_evaluate_does(s
         examples = list(Corpus(tmp_path / "dev.spacy")(nlp))
         preds = list(nlp.pipe(eg.predicted for eg in examples))
         assert [len(p) for p in preds] != [len(g) for g in gold] or docs is words_only
-        raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", docs)
+        raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", examples)
         assert raw.size == seen.size == correct.size > 0
         # the confidences of what the pipeline writes there (no map: raw), right as scored
         written = numpy.concatenate([p.spans["fsemicrf"].attrs["scores"] for p in preds])
@@ -721,10 +729,10 @@ def test_the_fit_counts_the_entities_as_written_trimmed_of_whitespace(small_nlp,
     space = BatchPrediction(numpy.array([[0, 2, 2, loc]]), numpy.array([0.3], "float32"),
                             numpy.ones(1, "float32"))
     monkeypatch.setattr(ner, "predict", lambda docs: decoded)
-    raw, correct, _ = raw_outcomes(nlp, "fsemicrf_ner", [gold])
+    raw, correct, _ = raw_outcomes(nlp, "fsemicrf_ner", _read(nlp, [gold]))
     assert raw.tolist() == pytest.approx([0.9, 0.2]) and correct.tolist() == [True, False]
     monkeypatch.setattr(ner, "predict", lambda docs: space)
-    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", [gold])
+    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", _read(nlp, [gold]))
     assert raw.size == correct.size == seen.size == 0
 
 
@@ -966,7 +974,7 @@ def test_the_training_callback_fits_on_the_dev_path_only(tmp_path, monkeypatch):
 def test_an_update_drops_the_map_of_the_old_weights(small_nlp, tmp_path):
     nlp = _copy(small_nlp, tmp_path)
     examples = make_examples(nlp)
-    calibrate_component(nlp, "fsemicrf_ner", [eg.reference for eg in examples])
+    calibrate_component(nlp, "fsemicrf_ner", examples)
     assert nlp.get_pipe("fsemicrf_ner").calibration is not None
     nlp.update(examples[:2])
     assert nlp.get_pipe("fsemicrf_ner").calibration is None
@@ -994,12 +1002,11 @@ def test_the_callback_calibrates_every_fsemicrf_ner_component_or_the_one_named(s
     examples = make_examples(nlp)
     nlp.update(examples[:2], exclude=["fsemicrf_ner"])  # different weights: different maps
     dev = write_corpus(tmp_path / "dev.spacy", nlp)
-    gold = [eg.reference for eg in examples]
     make_calibrate_callback(str(dev))(nlp)
     maps = {name: nlp.get_pipe(name).calibration for name in ("fsemicrf_ner", "second")}
     assert maps["fsemicrf_ner"] != maps["second"]
     for name, fitted in maps.items():
-        assert fitted is not None and calibrate_component(nlp, name, gold) == fitted
+        assert fitted is not None and calibrate_component(nlp, name, examples) == fitted
     for name in maps:
         nlp.get_pipe(name).calibration = None
     make_calibrate_callback(str(dev), "second")(nlp)
@@ -1018,7 +1025,7 @@ def test_the_command_calibrates_every_fsemicrf_ner_component(small_nlp, tmp_path
     loaded = spacy.load(tmp_path / "model")
     out = capsys.readouterr().out
     for name in ("fsemicrf_ner", "second"):
-        expected = calibrate_component(nlp, name, DocBin().from_disk(dev).get_docs(nlp.vocab))
+        expected = calibrate_component(nlp, name, Corpus(dev)(nlp))
         saved = loaded.get_pipe(name).calibration
         assert saved["n_entities"] == expected["n_entities"] > 0
         assert saved["x"] == pytest.approx(expected["x"]) and saved["y"] == pytest.approx(expected["y"])
@@ -1035,8 +1042,9 @@ def test_the_callback_reads_its_file_once(small_nlp, tmp_path, monkeypatch):
     dev = write_corpus(tmp_path / "dev.spacy", nlp)
     callback = make_calibrate_callback(str(dev), "fsemicrf_ner")
     read = []
-    monkeypatch.setattr(calibration.DocBin, "from_disk",
-                        lambda self, path, _f=DocBin.from_disk: read.append(path) or _f(self, path))
+    from_disk = DocBin.from_disk
+    monkeypatch.setattr(DocBin, "from_disk",
+                        lambda self, path: read.append(str(path)) or from_disk(self, path))
     assert callback(nlp) is nlp and callback(nlp) is nlp
     assert read == [str(dev)]
     assert nlp.get_pipe("fsemicrf_ner").calibration["n_entities"] > 0
@@ -1053,7 +1061,7 @@ def test_the_callback_and_the_command_read_a_directory_of_spacy_files(small_nlp,
     (folder / "part").mkdir(parents=True)
     DocBin(docs=gold[:3]).to_disk(folder / "a.spacy")
     DocBin(docs=gold[3:]).to_disk(folder / "part" / "b.spacy")
-    expected = calibrate_component(nlp, "fsemicrf_ner", gold)
+    expected = calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold))
     assert expected["n_entities"] > 0
     nlp.get_pipe("fsemicrf_ner").calibration = None
     make_calibrate_callback(str(folder))(nlp)
@@ -1150,11 +1158,96 @@ def test_the_callback_reports_documents_without_annotation_at_its_first_save_onl
     assert len([r for r in caplog.records if "no entity annotation" in r.getMessage()]) == 1
 
 
-def test_the_callback_names_itself_when_its_dev_path_is_not_a_docbin(small_nlp, tmp_path):
+def test_the_callback_names_itself_when_its_dev_path_cannot_be_read(small_nlp, tmp_path):
     """With a corpus reader of the user's own (say JSONL), ``${paths.dev}`` is no DocBin: the
     first save of ``spacy train`` failed with spaCy's bare E1014 and saved nothing."""
     nlp = _copy(small_nlp, tmp_path)
     (tmp_path / "dev.jsonl").write_text('{"text": "Apple is in London ."}\n')
-    for path in (tmp_path / "dev.jsonl", tmp_path / "missing.spacy", None):
-        with pytest.raises(ValueError, match=r"^spacy-fsemicrf.calibrate.v1 reads its dev_path"):
-            make_calibrate_callback(path)(nlp)
+    (tmp_path / "dev.spacy").write_text('{"text": "Apple is in London ."}\n')
+    paths = [tmp_path / "dev.jsonl", tmp_path / "dev.spacy", tmp_path / "missing.spacy"]
+    for path in paths:
+        with pytest.raises(ValueError, match=r"^spacy-fsemicrf.calibrate.v1") as err:
+            with warnings.catch_warnings():  # spaCy's W090: no .spacy file at dev.jsonl
+                warnings.simplefilter("ignore")
+                make_calibrate_callback(path)(nlp)
+        assert f"(dev_path {path})" in str(err.value)
+
+
+JSONL_READER = "spacy-fsemicrf.test_jsonl_reader.v1"
+
+
+@spacy.registry.readers(JSONL_READER)
+def jsonl_reader(path: str):
+    """A corpus reader of a user's own: JSON lines of a text and its entities' offsets."""
+    def read(nlp):
+        for line in srsly.read_jsonl(path):
+            yield Example.from_dict(nlp.make_doc(line["text"]), {"entities": line["entities"]})
+
+    return read
+
+
+def test_spacy_train_fits_the_map_on_the_dev_corpus_of_a_reader_of_its_own(tmp_path):
+    """``[corpora.dev]`` a reader of the user's own (here JSONL): the callback read dev_path
+    as .spacy files, and the first save of ``spacy train`` failed. It reads the examples that
+    the evaluations score, from the reader that ``[training] dev_corpus`` names."""
+    train_path = write_corpus(tmp_path / "train.spacy", spacy.blank("en"), repeat=2)
+    dev_path = tmp_path / "dev.jsonl"
+    srsly.write_jsonl(dev_path, [{"text": t, "entities": e} for t, e in TRAIN_DATA[2:]])
+    config = (CONFIGS / "fsemicrf_cnn.cfg").read_text()
+    corpus_v1 = re.search(r"\[corpora\.dev\]\n.*?\n\n", config, re.DOTALL).group()
+    assert "spacy.Corpus.v1" in corpus_v1
+    reader = f'[corpora.dev]\n@readers = "{JSONL_READER}"\npath = ${{paths.dev}}\n\n'
+    (tmp_path / "config.cfg").write_text(config.replace(corpus_v1, reader))
+    overrides = _overrides(train_path, dev_path, **{"training.max_steps": 20,
+                                                    "training.eval_frequency": 10})
+    train(tmp_path / "config.cfg", tmp_path / "out", overrides=overrides)
+    nlp = spacy.load(tmp_path / "out" / "model-last")
+    saved = nlp.get_pipe("fsemicrf_ner").calibration
+    expected = calibrate_component(nlp, "fsemicrf_ner", jsonl_reader(str(dev_path))(nlp))
+    assert saved["n_entities"] == expected["n_entities"] > 0
+    assert (saved["n_correct"], saved["method"]) == (expected["n_correct"], expected["method"])
+
+
+def test_the_callback_reads_the_dev_corpus_of_the_config_as_overridden(small_nlp, tmp_path):
+    """Without dev_path the callback reads ``[training] dev_corpus`` of the pipeline's config,
+    which ``spacy train`` leaves uninterpolated, its command-line overrides applied: the
+    ``--paths.dev`` given, not the config's own."""
+    nlp = _copy(small_nlp, tmp_path)
+    examples = make_examples(nlp)
+    DocBin(docs=[eg.reference for eg in examples[:3]]).to_disk(tmp_path / "own.spacy")
+    DocBin(docs=[eg.reference for eg in examples[3:]]).to_disk(tmp_path / "given.spacy")
+    # spaCy resolves the whole [corpora] section, [corpora.train] too
+    nlp.config["paths"].update(train=str(tmp_path / "own.spacy"), dev=str(tmp_path / "own.spacy"))
+    nlp.config.to_disk(tmp_path / "config.cfg")
+    # as spacy train loads its config: raw, the overrides applied
+    overrides = {"paths.dev": str(tmp_path / "given.spacy")}
+    nlp.config = spacy.util.load_config(tmp_path / "config.cfg", overrides=overrides,
+                                        interpolate=False)
+    assert nlp.config["corpora"]["dev"]["path"] == "${paths.dev}"
+    make_calibrate_callback()(nlp)
+    fitted = nlp.get_pipe("fsemicrf_ner").calibration
+    assert fitted == calibrate_component(nlp, "fsemicrf_ner", examples[3:])
+    assert fitted["n_entities"] != calibrate_component(nlp, "fsemicrf_ner",
+                                                       examples[:3])["n_entities"]
+
+
+def test_the_callback_says_why_it_cannot_read_the_dev_corpus_of_the_config(small_nlp, tmp_path):
+    """Without dev_path, a config whose dev corpus cannot be resolved or read, or yields no
+    examples, fails with a message that names the callback and the way out."""
+    nlp = _copy(small_nlp, tmp_path)
+    (tmp_path / "empty").mkdir()
+    callback = make_calibrate_callback()
+    with pytest.raises(ValueError, match=r"cannot resolve it: \[E913\] Corpus path can't be None"):
+        callback(nlp)  # a saved pipeline's config: paths.train and paths.dev are null
+    nlp.config["paths"].update(train=str(tmp_path / "empty"), dev=str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match=r"corpus \(\[training\] dev_corpus corpora.dev\) "
+                       r"yields no examples"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # spaCy's W090: no .spacy file there
+        callback(nlp)
+    nlp.config["training"]["dev_corpus"] = "corpora.held_out"
+    with pytest.raises(ValueError, match=r"cannot resolve it: .*corpora.held_out"):
+        callback(nlp)
+    del nlp.config["training"]["dev_corpus"]
+    with pytest.raises(ValueError, match=r"cannot resolve it: \[training\] dev_corpus is None"):
+        callback(nlp)
+    assert nlp.get_pipe("fsemicrf_ner").calibration is None
