@@ -6,14 +6,15 @@ Each architecture builds ``Model[ModelInput, ...]``:
   the output is the summed loss (a float); ``backprop(1.0)`` sends the gradient through the head
   into the ``tok2vec`` layer;
 * without, the output is ``(spans, confidences)``: numpy arrays ``int64[N, 4]`` (same row format)
-  and ``float32[N]``.
+  and ``float32[N]``; a plain list of docs, as spaCy's tools give a pipe's model, is such an
+  input.
 
 The number of labels is the model's ``nO`` dimension, set by the component before
 ``initialize``; the PyTorch head is built at ``initialize`` (see :mod:`.head_model`). The builders
 take every setting from the config: the defaults live in the component's default config
 (:mod:`.component`).
 """
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import numpy
 from spacy.tokens import Doc
@@ -206,9 +207,8 @@ def _check_head_kwargs(arch: str, kwargs: Dict[str, Any]) -> None:
         raise ValueError(f"Invalid settings for the {arch} head {kwargs}: {err}") from err
 
 
-def forward(model: Model[ModelInput, Any], X: ModelInput, is_train: bool):
-    if not isinstance(X, ModelInput):
-        raise TypeError(f"The fsemicrf_ner model takes a ModelInput, got {type(X).__name__}")
+def forward(model: Model[ModelInput, Any], X: Union[ModelInput, List[Doc]], is_train: bool):
+    X = as_model_input(X)
     docs = list(X.docs)
     if not any(len(doc) for doc in docs):
         # No tokens at all: nothing to predict or learn (and Thinc layers dislike empty batches).
@@ -227,6 +227,17 @@ def forward(model: Model[ModelInput, Any], X: ModelInput, is_train: bool):
     return Y, backprop
 
 
+def as_model_input(X: Any) -> ModelInput:
+    """``X`` as a :class:`ModelInput`: a plain list of docs, what spaCy's tools (``spacy debug
+    model``) give every pipe's model, is a prediction without gold."""
+    if isinstance(X, ModelInput):
+        return X
+    if isinstance(X, list) and all(isinstance(doc, Doc) for doc in X):
+        return ModelInput(X)
+    raise TypeError(
+        f"The fsemicrf_ner model takes a ModelInput or a list of Docs, got {type(X).__name__}")
+
+
 def word_ids(docs: List[Doc]) -> List[Ints1d]:
     """The tokens' lower-case forms as small int ids (one int64 array per doc; equal ids are
     equal forms within the batch), for the heads' ``word_pool``."""
@@ -240,10 +251,10 @@ def word_ids(docs: List[Doc]) -> List[Ints1d]:
     return [ids[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 
-def init(model: Model, X: Optional[ModelInput] = None, Y: Any = None) -> None:
+def init(model: Model, X: Union[ModelInput, List[Doc], None] = None, Y: Any = None) -> None:
     """Initialize ``tok2vec``, then build the head for ``nO`` labels over the tok2vec width."""
     tok2vec = model.get_ref("tok2vec")
-    docs = list(X.docs) if X is not None else []
+    docs = list(as_model_input(X).docs) if X is not None else []
     if docs:
         tok2vec.initialize(X=docs)
     else:

@@ -383,3 +383,16 @@ def test_head_shim_device_follows_its_head():
     assert shim.device == torch.device("meta")
     shim._model = torch.nn.Linear(2, 2)  # another head in its place
     assert shim.device == torch.device("cpu")
+
+
+def test_a_list_of_docs_is_a_prediction_without_gold():
+    """spaCy's tools (`spacy debug model`) give every pipe's model a plain list of docs."""
+    nlp, _ = _trained(FILTERED_SEMICRF, n_iter=1)
+    model = nlp.get_pipe("fsemicrf_ner").model
+    docs = [nlp.make_doc(text) for text, _ in TRAIN_DATA]
+    spans, conf = model.predict(docs)
+    expected_spans, expected_conf = model.predict(ModelInput(docs))
+    assert spans.tolist() == expected_spans.tolist()
+    numpy.testing.assert_allclose(conf, expected_conf, rtol=1e-6)
+    with pytest.raises(TypeError, match="ModelInput or a list of Docs"):
+        model.predict(docs + ["not a doc"])
