@@ -229,6 +229,32 @@ def test_an_interrupted_run_finishes_on_rerun(client, model_dir, corpus, expecte
     check_output(out, expected, spacy.blank("en").vocab)
 
 
+def test_ctrl_c_says_what_was_written_and_a_rerun_finishes(client, model_dir, corpus, expected,
+                                                           tmp_path):
+    """The terminal sends SIGINT to the whole process group: the command and its workers."""
+    out = tmp_path / "out"
+    args = [str(model_dir), str(corpus), str(out), "--shard-size", str(SHARD // 2),
+            "--batch-size", str(BATCH), "--no-progress"]
+    run = cli(*args, "--workers", "1", start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not list((out / "shards").glob("*.spacy")) and run.poll() is None:
+        assert time.monotonic() < deadline, "no shard written in 300 s"
+        time.sleep(0.02)
+    os.killpg(run.pid, signal.SIGINT)
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    written = len(list((out / "shards").glob("*.spacy")))
+    assert stderr.splitlines()[-1] == (f"interrupted: {written} of 24 shards are written in "
+                                       f"{out}; run the same command again to annotate the other "
+                                       f"{24 - written}")
+
+    rerun = cli(*args, "--scheduler", client.scheduler.address)
+    stdout, stderr = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, stderr[-3000:]
+    check_output(out, expected, spacy.blank("en").vocab)
+
+
 def test_annotate_leaves_this_process_environment_as_it_was(model_dir, tmp_path, monkeypatch):
     # Dask's nannies write their workers' variables (OMP_NUM_THREADS=1, ...) into the
     # environment of the process that starts them; every process started later inherited them.
@@ -288,14 +314,16 @@ def test_a_model_missing_on_the_workers_fails_clearly(client, corpus, tmp_path):
      (json.dumps({"id": "x", "text": " "}), r"in.jsonl:\d+: the document has no text")],
 )
 def test_a_bad_record_fails_its_shard_and_leaves_nothing_of_it(client, model_dir, tmp_path,
-                                                              bad_line, message):
+                                                              bad_line, message, capfd):
     lines = [json.dumps({"text": t}) for t in make_texts(30, 2)]
     lines.insert(25, bad_line)  # in the third shard of 10
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    with pytest.raises(AnnotateError, match=message):
+    with pytest.raises(AnnotateError, match=message + ".*annotate it into a new OUTPUT"):
         annotate(str(model_dir), tmp_path / "in.jsonl", out, client=client, shard_size=10,
                  progress=False)
+    # the error is the user's to fix: no worker logs it with a traceback
+    assert "Traceback" not in capfd.readouterr().err
     assert not shard_paths(out, 2)["docs"].exists() and not shard_paths(out, 2)["entities"].exists()
     # (Shards in flight elsewhere may still be writing theirs: only shard 2 is checked.)
     assert not list((out / "shards").glob(".000002.*")) and not (out / "entities.jsonl").exists()
@@ -308,6 +336,35 @@ def test_a_lone_surrogate_fails_with_its_line(tmp_path, line):
     (shard,) = plan_shards(tmp_path / "in.jsonl", 10)
     with pytest.raises(AnnotateError, match="in.jsonl:2: not valid Unicode"):
         read_shard(shard, spacy.blank("en").vocab)
+
+
+def test_a_line_that_is_not_utf8_fails_with_its_line(tmp_path):
+    (tmp_path / "in.jsonl").write_bytes(b'{"text": "Paris ."}\n{"text": "Caf\xe9 ."}\n')
+    (shard,) = plan_shards(tmp_path / "in.jsonl", 10)
+    with pytest.raises(AnnotateError, match=r"in.jsonl:2: not UTF-8 \(byte 0xe9 at column 14\)"):
+        read_shard(shard, spacy.blank("en").vocab)
+
+
+def test_a_spacy_file_is_read_once_to_plan_its_shards(tmp_path, monkeypatch):
+    DocBin(docs=[spacy.blank("en").make_doc("Mary flew to Rome .")]).to_disk(tmp_path / "b.spacy")
+    opened = []
+    path_open = Path.open
+
+    def counting_open(self, *args, **kwargs):
+        opened.append(self.name)
+        return path_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    (shard,) = plan_shards(tmp_path / "b.spacy", 10)
+    assert shard.count == 1 and opened == ["b.spacy"]
+
+
+def test_a_shard_that_cannot_be_written_fails_clearly(model_dir, tmp_path):
+    from spacy_fsemicrf.annotate.engine import annotate_shard
+
+    (shard,) = plan_shards_of_one_text(tmp_path)
+    with pytest.raises(AnnotateError, match="cannot write shard 0 into .*nowhere"):
+        annotate_shard(str(model_dir), shard, str(tmp_path / "nowhere"), None)
 
 
 def test_unreadable_inputs_fail_clearly(tmp_path):

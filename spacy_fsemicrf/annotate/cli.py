@@ -36,7 +36,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
 
 def main(argv: List[str]) -> int:
     args = parse_args(argv)
-    from .engine import annotate
+    from .engine import Interrupted, annotate
 
     try:
         summary = annotate(args.model, args.input, args.output, workers=args.workers,
@@ -45,9 +45,10 @@ def main(argv: List[str]) -> int:
     except AnnotateError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted: run the same command again to finish (finished shards are kept)",
-              file=sys.stderr)
+    except KeyboardInterrupt as err:  # an Interrupted once the run has its shards
+        what = str(err) if isinstance(err, Interrupted) else (
+            "run the same command again to finish (finished shards are kept)")
+        print(f"interrupted: {what}", file=sys.stderr)
         return 130
     kept = f", {summary.skipped_shards} kept from an earlier run" if summary.skipped_shards else ""
     print(f"{summary.docs} documents in {summary.shards} shards{kept}; {summary.entities} "

@@ -11,13 +11,14 @@ This is the only module that imports Dask.
 """
 import logging
 import os
+import signal
 import socket
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import spacy
 from spacy.language import Language
@@ -42,6 +43,8 @@ _LOADS: Dict[str, int] = {}
 # One load at a time, and one shard at a time on a pipeline, on workers with several threads.
 _LOAD_LOCK = threading.Lock()
 _PIPE_LOCK = threading.Lock()
+# the preload of the local cluster's workers (Ctrl-C), by path: see the module
+WORKER_PRELOAD = str(Path(__file__).with_name("worker_preload.py"))
 
 
 @dataclass
@@ -59,6 +62,19 @@ class Summary:
     @property
     def docs_per_second(self) -> float:
         return self.docs / self.seconds if self.seconds else float("inf")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, with what OUTPUT holds by then: a KeyboardInterrupt still, for
+    callers that handle one."""
+
+    def __init__(self, output: Path, written: int, total: int):
+        super().__init__(output, written, total)
+        self.output, self.written, self.total = output, written, total
+
+    def __str__(self) -> str:
+        return (f"{self.written} of {self.total} shards are written in {self.output}; run the "
+                f"same command again to annotate the other {self.total - self.written}")
 
 
 def load_pipeline(model: str) -> Language:
@@ -89,7 +105,11 @@ def annotate_shard(
     seconds the task took."""
     start = time.perf_counter()
     nlp = load_pipeline(model)
-    inputs, ids = read_shard(shard, nlp.vocab)
+    try:
+        inputs, ids = read_shard(shard, nlp.vocab)
+    except AnnotateError as err:  # OUTPUT's manifest holds the digest of the input as it is
+        raise AnnotateError(f"{err}; fix INPUT, then annotate it into a new OUTPUT "
+                            f"directory") from err
     keys = score_keys(nlp)
     docs, records = [], []
     with _PIPE_LOCK:
@@ -97,9 +117,25 @@ def annotate_shard(
             doc.user_data["id"] = doc_id
             docs.append(doc)
             records.extend(entity_records(doc, doc_id, keys))
-    write_shard(Path(output), shard.index, docs, records)
+    try:
+        write_shard(Path(output), shard.index, docs, records)
+    except OSError as err:  # a full disk, a read-only or vanished OUTPUT
+        raise AnnotateError(f"cannot write shard {shard.index} into {output} on "
+                            f"{socket.gethostname()}: {err}") from err
     return {"index": shard.index, "docs": len(docs), "entities": len(records), "pid": os.getpid(),
             "seconds": time.perf_counter() - start}
+
+
+def shard_task(
+    model: str, shard: Shard, output: str, batch_size: Optional[int]
+) -> Union[Dict[str, Any], AnnotateError]:
+    """:func:`annotate_shard`, with an AnnotateError (a bad input, a model that does not load)
+    returned, not raised: a worker logs every exception a task raises, with its traceback, which
+    is noise for an error that is the user's to fix. Any other exception is raised: a bug."""
+    try:
+        return annotate_shard(model, shard, output, batch_size)
+    except AnnotateError as err:
+        return err
 
 
 def resolve_model(model: str, must_exist_here: bool) -> str:
@@ -132,13 +168,30 @@ def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]
     # the cores this process may use (its CPU affinity, a container's CPU quota), as Dask counts
     # them; os.cpu_count() counts the machine's
     n_workers = workers or dask.system.CPU_COUNT or 1
-    with nanny_environment_restored():  # for callers that keep the cluster (annotate wraps more)
+    # for callers that keep the cluster (annotate wraps more)
+    with nanny_environment_restored(), ctrl_c_ignored():
         # No dashboard; the scheduler's HTTP endpoints on a free port, not 8787, so that two
         # annotate jobs on one machine do not fight over it (Dask warns when they do).
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
-                               silence_logs=logging.ERROR)
+                               silence_logs=logging.ERROR, preload=[WORKER_PRELOAD])
     return Client(cluster), cluster
+
+
+@contextmanager
+def ctrl_c_ignored() -> Iterator[None]:
+    """Ctrl-C ignored while the local cluster starts (a few seconds): the worker processes
+    started meanwhile inherit that and cannot die of it while they import, each with a
+    traceback, before their preload ignores it; and a cluster interrupted while it starts is
+    left to Dask to close at exit, workers after their scheduler, with more tracebacks."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextmanager
@@ -193,22 +246,11 @@ def annotate(
     remove_temporary(output)
     done = finished_shards(output, shards)
     todo = [shard for shard in shards if shard.index not in done]
-    cluster = None
-    # nannies that restart a worker during the run write into os.environ again
-    with nanny_environment_restored():
-        if todo and client is None:
-            client, cluster = connect(scheduler, workers)
-            own_client = True
-        else:
-            own_client = False
-        try:
-            n_workers = len(client.scheduler_info()["workers"]) if client is not None else 0
-            _run_tasks(client, model, todo, shards, output, batch_size, progress, on_shard_done)
-        finally:
-            if own_client:
-                client.close()
-                if cluster is not None:
-                    cluster.close()
+    try:
+        n_workers = _run_todo(client, scheduler, workers, model, todo, shards, output,
+                              batch_size, progress, on_shard_done)
+    except KeyboardInterrupt as err:  # the shards written are kept for the rerun
+        raise Interrupted(output, len(finished_shards(output, shards)), len(shards)) from err
     remove_temporary(output)  # left by workers killed while writing (their shards were redone)
     missing = [s.index for s in shards if s.index not in finished_shards(output, shards)]
     if missing:  # pragma: no cover - every task either wrote its shard or raised
@@ -227,6 +269,28 @@ def annotate(
     )
 
 
+def _run_todo(client, scheduler: Optional[str], workers: Optional[int], model: str,
+              todo: List[Shard], shards: List[Shard], output: Path, batch_size: Optional[int],
+              progress: bool, on_shard_done) -> int:
+    """Annotate the shards of ``todo`` on ``client``, or on a client made from ``scheduler`` or
+    ``workers`` (none if nothing is left to do) and closed afterwards; the number of workers."""
+    cluster = None
+    # nannies that restart a worker during the run write into os.environ again
+    with nanny_environment_restored():
+        own_client = bool(todo) and client is None
+        if own_client:
+            client, cluster = connect(scheduler, workers)
+        try:
+            n_workers = len(client.scheduler_info()["workers"]) if client is not None else 0
+            _run_tasks(client, model, todo, shards, output, batch_size, progress, on_shard_done)
+        finally:
+            if own_client:
+                client.close()
+                if cluster is not None:
+                    cluster.close()
+    return n_workers
+
+
 def _run_tasks(client, model: str, todo: List[Shard], shards: List[Shard], output: Path,
                batch_size: Optional[int], progress: bool, on_shard_done) -> None:
     """Submit one task per shard of ``todo`` and wait for all; the first failure cancels the
@@ -238,7 +302,7 @@ def _run_tasks(client, model: str, todo: List[Shard], shards: List[Shard], outpu
     # absolute, as the input files and a model directory are: workers run in their own cwd
     where = os.path.abspath(output)
     for shard in todo:
-        future = client.submit(annotate_shard, model, shard, where, batch_size, pure=False)
+        future = client.submit(shard_task, model, shard, where, batch_size, pure=False)
         by_key[future.key] = shard
         futures.append(future)
     total = sum(s.count for s in shards)
@@ -247,12 +311,12 @@ def _run_tasks(client, model: str, todo: List[Shard], shards: List[Shard], outpu
         for future in as_completed(futures):
             try:
                 result = future.result()
-            except AnnotateError:
-                client.cancel(futures)
-                raise
             except Exception as err:  # a bug, or a shard that killed its workers (KilledWorker)
                 client.cancel(futures)
                 raise _task_error(by_key[future.key], err) from err
+            if isinstance(result, AnnotateError):
+                client.cancel(futures)
+                raise result
             bar.update(result["docs"])
             if on_shard_done is not None:
                 on_shard_done(result)

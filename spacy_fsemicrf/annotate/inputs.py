@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple, Union
 
 import srsly
 from spacy.attrs import ORTH
@@ -73,8 +73,7 @@ def plan_shards(path: Path, shard_size: int) -> List[Shard]:
                 shards.append(Shard(len(shards), str(file), name, first, count, offset, line,
                                     digest))
         else:
-            n_docs = len(_load_docbin(str(file), *_stamp(file)))
-            digest = _file_digest(file)
+            n_docs, digest = _count_spacy_docs(file)
             for first in range(0, n_docs, shard_size):
                 count = min(shard_size, n_docs - first)
                 shards.append(Shard(len(shards), str(file), name, first, count, digest=digest))
@@ -113,16 +112,18 @@ def _jsonl_shard_starts(file: Path, shard_size: int) -> Tuple[List[Tuple[int, in
     return starts, n_records, digest.hexdigest()
 
 
-def _file_digest(file: Path) -> str:
-    """BLAKE2b of the file's content: a rerun into the same OUTPUT must read the same input."""
-    digest = hashlib.blake2b(digest_size=16)
+def _count_spacy_docs(file: Path) -> Tuple[int, str]:
+    """The number of documents of a .spacy file and its digest (a rerun into the same OUTPUT
+    must read the same input), from one read of the file."""
+    data = _read_bytes(file)
+    return len(_docbin_from_bytes(data, file)), hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _read_bytes(file: Path) -> bytes:
     try:
-        with file.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        return file.read_bytes()
     except OSError as err:
         raise AnnotateError(f"cannot read {file}: {err}") from err
-    return digest.hexdigest()
 
 
 def _read_jsonl(shard: Shard) -> Tuple[List[str], List[Any]]:
@@ -143,6 +144,9 @@ def _read_jsonl(shard: Shard) -> Tuple[List[str], List[Any]]:
                 where = f"{shard.name}:{number}"
                 try:
                     record = json.loads(raw)
+                except UnicodeDecodeError as err:
+                    raise AnnotateError(f"{where}: not UTF-8 (byte {raw[err.start]:#04x} at "
+                                        f"column {err.start + 1})") from err
                 except ValueError as err:
                     raise AnnotateError(f"{where}: not valid JSON ({err})") from err
                 if not isinstance(record, dict):
@@ -209,7 +213,11 @@ def _stamp(file: Path) -> Tuple[int, int]:
 def _load_docbin(path: str, size: int, mtime_ns: int) -> DocBin:
     """The DocBin of a .spacy file, kept for the next shard of the same file (a worker usually
     gets several in a row)."""
+    return _docbin_from_bytes(_read_bytes(Path(path)), path)
+
+
+def _docbin_from_bytes(data: bytes, path: Union[str, Path]) -> DocBin:
     try:
-        return DocBin(store_user_data=True).from_disk(path)
-    except Exception as err:  # zlib, msgpack and OS errors alike mean an unreadable file
+        return DocBin(store_user_data=True).from_bytes(data)
+    except Exception as err:  # zlib and msgpack errors alike mean an unreadable file
         raise AnnotateError(f"cannot read {path} as a .spacy file: {err}") from err
