@@ -2,17 +2,19 @@
 
     python scripts/package.py MODEL_DIR OUTPUT_DIR --name NAME --version VERSION
 
-``spacy package`` builds the model wheel ``<lang>_<NAME>-<VERSION>-py3-none-any.whl``, which
+``spacy package`` builds the model wheel ``<lang>_<NAME>-<VERSION>+model.<digest>-*.whl``, which
 requires ``spacy-fsemicrf`` (the package that provides the ``fsemicrf_ner`` factory). That
 package is on no index, so its wheel is built from this repository and written beside the model
 wheel: ``pip install OUTPUT_DIR/*.whl`` then installs both (and fetches spaCy and the other
-public dependencies from the package index; install torch first, the build you want).
+public dependencies from the package index; install torch first, the build you want). A
+transformer pipeline's wheel holds the encoder's weights: it needs no model download.
 
 Older wheels of the same two packages in OUTPUT_DIR are removed first, because pip refuses two
-versions of one package in a single install command. The spacy-fsemicrf wheel's version carries
-a digest of its source as a local label (``0.1.0+src.1a2b3c4d5e6f``): pip keeps an installed
-package whose version equals the wheel's, so without it a machine that has the wheel of an
-earlier build would keep running that build's code beside the new model.
+versions of one package in a single install command. Both wheels' versions carry a digest as a
+local label: of the pipeline's files (``0.1.0+model.1a2b3c4d5e6f``) and of the spacy-fsemicrf
+source (``0.1.0+src.1a2b3c4d5e6f``). pip keeps an installed package whose version equals the
+wheel's, so without them a machine that has the wheels of an earlier build (another training
+run, or another pipeline under the same name) would keep running that build's model or code.
 """
 import argparse
 import hashlib
@@ -37,7 +39,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("model_dir", type=Path, help="a trained pipeline directory (model-best)")
     parser.add_argument("output_dir", type=Path, help="where the two wheels are written")
     parser.add_argument("--name", required=True, help="package name without the language prefix")
-    parser.add_argument("--version", required=True, help="version of the model package")
+    parser.add_argument("--version", required=True, help="version of the model package (a digest "
+                        "of the pipeline's files is added as a local label)")
     args = parser.parse_args(argv)
     # spaCy's rules for a package name (an identifier, and a name that starts and ends with a
     # letter or digit), checked before building
@@ -52,17 +55,24 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
 
 
 def build_model_wheel(model_dir: Path, output_dir: Path, name: str, version: str) -> Path:
-    """``spacy package --build wheel`` in a scratch directory; the wheel moved to output_dir."""
+    """``spacy package --build wheel`` in a scratch directory, its version labelled with a digest
+    of the pipeline's files (:func:`model_version`); the wheel moved to output_dir."""
     lang = srsly.read_json(model_dir / "meta.json")["lang"]
     remove_wheels(output_dir, f"{lang}_{name}")
     with tempfile.TemporaryDirectory() as scratch:
         meta = Path(scratch) / "meta.json"
         srsly.write_json(meta, model_meta(model_dir))
         run([sys.executable, "-m", "spacy", "package", str(model_dir), scratch,
-             "--meta-path", str(meta), "--name", name, "--version", version,
+             "--meta-path", str(meta), "--name", name,
+             "--version", model_version(version, source_digest(model_dir)),
              "--build", "wheel", "--force"])
         (wheel,) = Path(scratch).glob(f"*/dist/{lang}_{name}-*.whl")
         return Path(shutil.move(str(wheel), output_dir / wheel.name))
+
+
+def model_version(version: str, digest: str) -> str:
+    """``version`` with the local label ``model.<digest>`` (appended to a label it has)."""
+    return f"{version}{'.' if '+' in version else '+'}model.{digest}"
 
 
 def model_meta(model_dir: Path) -> dict:

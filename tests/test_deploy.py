@@ -60,7 +60,8 @@ def test_wheels_install_into_a_fresh_venv_and_predict(trained_nlp, tmp_path):
          "--name", NAME, "--version", VERSION], REPO, timings, "package")
     wheels = sorted(p.name for p in packages.glob("*.whl"))
     assert len(wheels) == 2
-    assert wheels[0].startswith(f"en_{NAME}-{VERSION}-") and wheels[1].startswith("spacy_fsemicrf-")
+    assert wheels[0].startswith(f"en_{NAME}-{VERSION}+model.")
+    assert wheels[1].startswith("spacy_fsemicrf-")
 
     # A deployment machine: elsewhere on disk, a venv holding only torch.
     elsewhere = tmp_path / "elsewhere"

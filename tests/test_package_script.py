@@ -1,6 +1,8 @@
-"""scripts/package.py: the spacy-fsemicrf wheel's version names its source, so that pip replaces
-an installed wheel of an earlier build (it keeps a package whose version equals the wheel's)."""
+"""scripts/package.py: the wheels' versions name the spacy-fsemicrf source and the pipeline's
+files, so that pip replaces installed wheels of an earlier build (it keeps a package whose
+version equals the wheel's)."""
 import importlib.util
+import json
 import re
 import zipfile
 from pathlib import Path
@@ -62,8 +64,6 @@ def test_the_model_wheel_requires_public_versions(tmp_path, monkeypatch):
     script installed (``0.1.0+src.<digest>``) that range, ``>=0.1.0+src.<digest>,<0.2.0``, is
     one setuptools and pip refuse, and the model wheel failed to build. The script gives it
     the requirements on public versions."""
-    import json
-
     import spacy
     import spacy.util
     from packaging.requirements import Requirement
@@ -119,3 +119,50 @@ def test_names_spacy_package_refuses_as_not_permitted_are_usage_errors(tmp_path,
 @pytest.mark.parametrize("name", ["quick_crf", "q", "Quick2", "a_b_c"])
 def test_names_spacy_package_takes_pass_the_check(name):
     assert package.parse_args(["m", "o", "--name", name, "--version", "0.1"]).name == name
+
+
+def package_version(model_dir: Path, out: Path, monkeypatch) -> str:
+    """The version build_model_wheel gives spacy package for ``model_dir`` (nothing built)."""
+    versions = []
+
+    def fake_run(cmd: list) -> None:
+        """spacy package: the version it was given, an empty wheel of that version."""
+        versions.append(cmd[cmd.index("--version") + 1])
+        dist = Path(cmd[5]) / "pkg" / "dist"
+        dist.mkdir(parents=True)
+        (dist / f"en_small-{versions[-1]}-py3-none-any.whl").write_bytes(b"")
+
+    monkeypatch.setattr(package, "run", fake_run)
+    monkeypatch.setattr(package, "model_meta", lambda path: json.loads(
+        (path / "meta.json").read_text()))
+    out.mkdir(exist_ok=True)
+    wheel = package.build_model_wheel(model_dir, out, "small", "0.1.0")
+    assert wheel.name == f"en_small-{versions[-1]}-py3-none-any.whl" and wheel.parent == out
+    return versions[-1]
+
+
+def make_model(root: Path, weights: bytes) -> Path:
+    """A pipeline directory as build_model_wheel reads it: meta.json and one weights file."""
+    (root / "ner").mkdir(parents=True)
+    (root / "meta.json").write_text('{"lang": "en", "name": "pipeline", "version": "0.0.0"}')
+    (root / "ner" / "model").write_bytes(weights)
+    return root
+
+
+def test_the_model_wheel_version_names_the_pipeline(tmp_path, monkeypatch):
+    """pip keeps an installed package whose version equals the wheel's: a retrained pipeline, or
+    a transformer pipeline packaged under the name and version of a CNN one, left the earlier
+    model installed ("already installed with the same version"). The version's local label is a
+    digest of the pipeline's files, so another pipeline gets another version."""
+    out = tmp_path / "out"
+    first = package_version(make_model(tmp_path / "a", b"\x01"), out, monkeypatch)
+    same = package_version(make_model(tmp_path / "same", b"\x01"), out, monkeypatch)
+    other = package_version(make_model(tmp_path / "other", b"\x02"), out, monkeypatch)
+    assert re.fullmatch(r"0\.1\.0\+model\.[0-9a-f]{12}", first)
+    assert first == same != other
+    assert [p.name for p in out.iterdir()] == [f"en_small-{other}-py3-none-any.whl"]
+
+
+def test_a_given_local_label_is_kept_before_the_digest():
+    assert package.model_version("1.2.0+gpu", "ab12") == "1.2.0+gpu.model.ab12"
+    assert package.model_version("1.2.0", "ab12") == "1.2.0+model.ab12"
