@@ -10,7 +10,7 @@ The data is never copied into the repository: it is read from site-packages and 
 converted corpus/*.spacy files (git-ignored) are written.
 
     python scripts/prepare_conll.py                      # corpus/{train,dev,test}.spacy
-    python scripts/prepare_conll.py --limit-train 300 --limit-dev 100 --limit-test 100
+    python scripts/prepare_conll.py --limit-train 300 --limit-dev 60 --limit-test 100
                                                          # corpus/quick_{train,dev,test}.spacy
 """
 from __future__ import annotations
