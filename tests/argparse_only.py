@@ -15,6 +15,7 @@ import io
 import json
 import os
 import runpy
+import site
 import sys
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
@@ -74,9 +75,11 @@ def run(argv: List[str]) -> None:
 def forget_script_modules() -> None:
     """Drop the repository's script modules (not the package's) from ``sys.modules``, so the
     next script imports its helpers afresh, with their ``sys.path`` side effects."""
+    # a virtual environment inside the repository (.venv) holds installed modules: kept
+    keep = (str(PACKAGE), sys.prefix, *site.getsitepackages())
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None) or ""
-        if path.startswith(str(ROOT)) and not path.startswith(str(PACKAGE)):
+        if path.startswith(str(ROOT)) and not path.startswith(keep):
             del sys.modules[name]
 
 
