@@ -23,7 +23,8 @@ from thinc.api import Model
 from thinc.types import Floats2d, Ints1d, Ints2d
 
 from .head_model import (
-    HeadInput, build_head, is_initialized, make_head_model, padded_torch_inputs, torch_head,
+    HeadInput, build_head, eval_mode, is_initialized, make_head_model, padded_torch_inputs,
+    torch_head,
 )
 from .structured.heads import HEADS
 from .structured.nbest import Segmentation
@@ -306,6 +307,5 @@ def model_nbest(
     if filter_margin:
         kwargs["filter_margin"] = float(filter_margin)
     head = torch_head(head_model)
-    if head.training:
-        head.eval()
+    eval_mode(head)
     return head.nbest(X, lengths, k, **kwargs)

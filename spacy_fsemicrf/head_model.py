@@ -48,12 +48,24 @@ always runs the whole batch in one call."""
 MIN_LENGTH_RATIO = 0.7
 
 
+def eval_mode(head: torch.nn.Module) -> None:
+    """Switch ``head`` to eval mode if it is in training mode, its own flag last. Predictions
+    read only that flag, and one loaded pipeline may serve several threads: ``head.eval()``
+    clears it first, so that a thread starting a prediction meanwhile would skip the switch
+    and run with dropout still on in the submodules not yet switched."""
+    if head.training:
+        for child in head.children():
+            child.eval()
+        head.eval()
+
+
 class HeadShim(PyTorchShim):
     """The PyTorch shim of a head: parameter averages reach the head (:mod:`.averages`), and
-    prediction switches the head to eval mode only when it is in training mode, without
-    switching back (``begin_update`` sets training mode itself): Thinc's shim toggles every
-    submodule twice per call, which costs a short document's prediction about a sixth of its
-    time."""
+    prediction switches the head to eval mode only when it is in training mode
+    (:func:`eval_mode`), without switching back (``begin_update`` sets training mode itself):
+    Thinc's shim toggles every submodule twice per call, which costs a short document's
+    prediction about a sixth of its time, and would switch dropout on under a prediction of
+    another thread."""
 
     use_params = use_averaged_params
     _first_param: Optional[Tuple[torch.nn.Module, Optional[torch.nn.Module], str]] = None
@@ -92,8 +104,7 @@ class HeadShim(PyTorchShim):
         return output, backprop_own_gradients
 
     def predict(self, inputs: ArgsKwargs) -> Any:
-        if self._model.training:
-            self._model.eval()
+        eval_mode(self._model)
         # a disabled autocast context still costs a few µs: none without mixed precision
         autocast = (torch.autocast(device_type="cuda") if self._mixed_precision
                     else contextlib.nullcontext())

@@ -123,4 +123,6 @@ def deserialize_head(
             f"Save the pipeline again, or reinstall its package ({type(err).__name__})."
         ) from err
     head.load_state_dict(state)
-    return head.to(device)
+    # in eval mode, as predictions need it: a loaded pipeline that serves several threads
+    # then never switches modes under one of them (training switches to training mode itself)
+    return head.to(device).eval()
