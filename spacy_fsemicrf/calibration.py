@@ -44,7 +44,7 @@ from spacy.strings import hash_string
 from spacy.tokens import Doc, DocBin, Span
 from spacy.training import Corpus, Example, validate_examples
 from spacy.training.corpus import walk_corpus
-from spacy.util import minibatch, registry, resolve_dot_names
+from spacy.util import dot_to_object, minibatch, registry
 from thinc.api import ConfigValidationError
 
 
@@ -303,6 +303,15 @@ def read_docs(path: Union[str, Path], vocab) -> List[Doc]:
     return [doc for file in corpus_files(path) for doc in DocBin().from_disk(file).get_docs(vocab)]
 
 
+def read_examples(path: Union[str, Path], nlp: Language) -> List[Example]:
+    """The examples of a ``.spacy`` file (whatever its name ends with) or of a directory of them
+    (:func:`read_docs`), made as ``spacy.Corpus.v1`` makes them for ``spacy evaluate``: the
+    text as the tokenizer splits it (a document's own tokens when its spaces are unknown), and
+    documents without tokens left out. ``Corpus`` itself reads a file only if its name ends in
+    ``.spacy``: from another, no examples, with a mere warning."""
+    return list(Corpus(path).make_examples(nlp, read_docs(path, nlp.vocab)))
+
+
 def unannotated(doc: Doc) -> Doc:
     """A copy of ``doc`` with its tokens only (what a pipeline sees at prediction)."""
     return Doc(doc.vocab, words=[t.text for t in doc], spaces=[bool(t.whitespace_) for t in doc])
@@ -421,7 +430,9 @@ def configured_dev_corpus(nlp: Language) -> Tuple[str, Callable[[Language], Iter
         name = config.get("training", {}).get("dev_corpus")
         if not isinstance(name, str):
             raise ValueError(f"[training] dev_corpus is {name!r}, not the dot name of a reader")
-        (reader,) = resolve_dot_names(config, [name])
+        # only that reader: resolve_dot_names would resolve its whole section, and fail on
+        # a [corpora.train] without a path
+        reader = registry.resolve({"reader": dot_to_object(config, name)})["reader"]
     except (KeyError, ValueError) as err:  # (a ConfigValidationError is a ValueError)
         short = isinstance(err, ConfigValidationError)  # its message, not the whole config
         why = ConfigValidationError.from_error(err, show_config=False) if short else err
@@ -435,11 +446,11 @@ def configured_dev_corpus(nlp: Language) -> Tuple[str, Callable[[Language], Iter
 
 def read_dev_examples(nlp: Language, dev_path: Optional[Union[str, Path]] = None) -> List[Example]:
     """The dev examples as ``spacy train`` reads them for its evaluations: from the reader of
-    ``[training] dev_corpus`` (:func:`configured_dev_corpus`), or ``spacy.Corpus.v1`` of
-    ``dev_path`` when it is given (``.spacy`` files, as ``spacy evaluate`` reads them). A
+    ``[training] dev_corpus`` (:func:`configured_dev_corpus`), or the ``.spacy`` files of
+    ``dev_path`` when it is given, as ``spacy evaluate`` reads them (:func:`read_examples`). A
     ``ValueError`` naming the callback when they cannot be read or there are none."""
     if dev_path is not None:
-        where, reader = f"dev_path {dev_path}", Corpus(dev_path)
+        where, reader = f"dev_path {dev_path}", lambda nlp: read_examples(dev_path, nlp)
     else:
         name, reader = configured_dev_corpus(nlp)
         where = f"[training] dev_corpus {name}"
@@ -521,7 +532,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                      f"{nlp.pipe_names})")
     if args.component is not None:
         names = [args.component]
-    dev_examples = list(Corpus(args.dev)(nlp))  # as spacy evaluate reads it
+    dev_examples = read_examples(args.dev, nlp)
     train_docs = read_docs(args.train, nlp.vocab) if args.train is not None else None
     fitted = {}
     for name in names:

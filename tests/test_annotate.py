@@ -607,3 +607,28 @@ def test_a_manifest_without_digests_is_compared_by_layout(model_dir, corpus, tmp
         del shard["digest"]
     (out / "manifest.json").write_text(json.dumps(manifest))
     prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
+
+
+def test_a_local_cluster_whose_client_fails_is_closed(monkeypatch):
+    """A client that cannot be made for the new local cluster (a connection timeout) left the
+    cluster's worker processes running until the interpreter's exit."""
+    from spacy_fsemicrf.annotate import engine
+
+    closed = []
+
+    class Cluster:
+        def __init__(self, **kwargs):
+            pass
+
+        def close(self):
+            closed.append(self)
+
+    def client(cluster):
+        raise OSError("timed out")
+
+    monkeypatch.setattr(engine, "LocalCluster", Cluster)
+    monkeypatch.setattr(engine, "Client", client)
+    with pytest.raises(OSError, match="timed out"):
+        connect(None, 1)
+    assert len(closed) == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

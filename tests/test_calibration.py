@@ -1219,8 +1219,7 @@ def test_the_callback_reads_the_dev_corpus_of_the_config_as_overridden(small_nlp
     examples = make_examples(nlp)
     DocBin(docs=[eg.reference for eg in examples[:3]]).to_disk(tmp_path / "own.spacy")
     DocBin(docs=[eg.reference for eg in examples[3:]]).to_disk(tmp_path / "given.spacy")
-    # spaCy resolves the whole [corpora] section, [corpora.train] too
-    nlp.config["paths"].update(train=str(tmp_path / "own.spacy"), dev=str(tmp_path / "own.spacy"))
+    nlp.config["paths"]["dev"] = str(tmp_path / "own.spacy")
     nlp.config.to_disk(tmp_path / "config.cfg")
     # as spacy train loads its config: raw, the overrides applied
     overrides = {"paths.dev": str(tmp_path / "given.spacy")}
@@ -1254,3 +1253,38 @@ def test_the_callback_says_why_it_cannot_read_the_dev_corpus_of_the_config(small
     with pytest.raises(ValueError, match=r"cannot resolve it: \[training\] dev_corpus is None"):
         callback(nlp)
     assert nlp.get_pipe("fsemicrf_ner").calibration is None
+
+
+def test_the_callback_and_the_command_read_a_spacy_file_of_another_name(small_nlp, tmp_path):
+    """A DocBin file whose name does not end in ``.spacy`` (``dev.docbin``) is read as a
+    ``.spacy`` file, as the command and the callback's dev_path read it before they took
+    Examples: ``spacy.training.Corpus`` reads no such file, with a mere warning, and the
+    command said the pipeline predicted no entity and saved nothing."""
+    nlp = _copy(small_nlp, tmp_path)
+    gold = [eg.reference for eg in make_examples(nlp)]
+    dev = tmp_path / "dev.docbin"
+    DocBin(docs=gold).to_disk(dev)
+    expected = calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold))
+    assert expected["n_entities"] > 0
+    nlp.get_pipe("fsemicrf_ner").calibration = None
+    make_calibrate_callback(str(dev))(nlp)
+    assert nlp.get_pipe("fsemicrf_ner").calibration == expected
+    nlp.get_pipe("fsemicrf_ner").calibration = None
+    nlp.to_disk(tmp_path / "model")
+    out = tmp_path / "calibrated"
+    assert calibration.main([str(tmp_path / "model"), str(dev), "--output", str(out)]) == 0
+    saved = spacy.load(out).get_pipe("fsemicrf_ner").calibration
+    assert (saved["method"], saved["n_entities"]) == (expected["method"], expected["n_entities"])
+
+
+def test_the_callback_resolves_only_the_dev_reader_of_the_config(small_nlp, tmp_path):
+    """A pipeline built and trained in Python, its config's ``paths.dev`` set for the callback
+    and ``paths.train`` left null: resolving the whole ``[corpora]`` section failed on the
+    train reader (E913, "Corpus path can't be None"), and the message blamed the dev corpus."""
+    nlp = _copy(small_nlp, tmp_path)
+    examples = make_examples(nlp)
+    dev = write_corpus(tmp_path / "dev.spacy", nlp)
+    nlp.config["paths"].update(train=None, dev=str(dev))
+    make_calibrate_callback()(nlp)
+    fitted = nlp.get_pipe("fsemicrf_ner").calibration
+    assert fitted is not None and fitted == calibrate_component(nlp, "fsemicrf_ner", examples)

@@ -175,14 +175,18 @@ def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
                                silence_logs=logging.ERROR, preload=[WORKER_PRELOAD])
-    return Client(cluster), cluster
+        try:
+            return Client(cluster), cluster
+        except BaseException:  # no client to close it: its workers would outlive the call
+            cluster.close()
+            raise
 
 
 @contextmanager
 def ctrl_c_ignored() -> Iterator[None]:
-    """Ctrl-C ignored while the local cluster starts (a few seconds): the worker processes
-    started meanwhile inherit that and cannot die of it while they import, each with a
-    traceback, before their preload ignores it; and a cluster interrupted while it starts is
+    """Ctrl-C ignored while the local cluster and its client start (a few seconds): the worker
+    processes started meanwhile inherit that and cannot die of it while they import, each with
+    a traceback, before their preload ignores it; and a cluster interrupted while it starts is
     left to Dask to close at exit, workers after their scheduler, with more tracebacks."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread
