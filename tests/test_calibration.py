@@ -13,7 +13,7 @@ import re
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import numpy
 import pytest
@@ -1053,30 +1053,6 @@ def test_the_callback_reads_its_file_once(small_nlp, tmp_path, monkeypatch):
     assert nlp.get_pipe("fsemicrf_ner").calibration["n_entities"] > 0
 
 
-def test_the_callback_and_the_command_read_a_directory_of_spacy_files(small_nlp, tmp_path):
-    """``--paths.dev`` may be a directory of ``.spacy`` files, as ``spacy.Corpus.v1`` reads it
-    (``spacy convert`` writes one for a directory of inputs): the callback raised
-    IsADirectoryError at the first save of ``spacy train``, which then saved no pipeline, and
-    the command refused the directory."""
-    nlp = _copy(small_nlp, tmp_path)
-    gold = [eg.reference for eg in make_examples(nlp)]
-    folder = tmp_path / "dev"
-    (folder / "part").mkdir(parents=True)
-    DocBin(docs=gold[:3]).to_disk(folder / "a.spacy")
-    DocBin(docs=gold[3:]).to_disk(folder / "part" / "b.spacy")
-    expected = calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold))
-    assert expected["n_entities"] > 0
-    nlp.get_pipe("fsemicrf_ner").calibration = None
-    make_calibrate_callback(str(folder))(nlp)
-    assert nlp.get_pipe("fsemicrf_ner").calibration == expected
-    nlp.get_pipe("fsemicrf_ner").calibration = None
-    nlp.to_disk(tmp_path / "model")
-    out = tmp_path / "calibrated"
-    assert calibration.main([str(tmp_path / "model"), str(folder), "--output", str(out)]) == 0
-    fitted = spacy.load(out).get_pipe("fsemicrf_ner").calibration
-    assert fitted["n_entities"] == expected["n_entities"]
-
-
 def test_the_command_calibrates_a_saved_pipeline(small_nlp, tmp_path, capsys):
     small_nlp.to_disk(tmp_path / "model")
     dev = write_corpus(tmp_path / "dev.spacy", small_nlp)
@@ -1255,15 +1231,33 @@ def test_the_callback_says_why_it_cannot_read_the_dev_corpus_of_the_config(small
     assert nlp.get_pipe("fsemicrf_ner").calibration is None
 
 
-def test_the_callback_and_the_command_read_a_spacy_file_of_another_name(small_nlp, tmp_path):
-    """A DocBin file whose name does not end in ``.spacy`` (``dev.docbin``) is read as a
-    ``.spacy`` file, as the command and the callback's dev_path read it before they took
-    Examples: ``spacy.training.Corpus`` reads no such file, with a mere warning, and the
-    command said the pipeline predicted no entity and saved nothing."""
+def _dev_directory(gold: List[Doc], tmp_path: Path) -> Path:
+    folder = tmp_path / "dev"
+    (folder / "part").mkdir(parents=True)
+    DocBin(docs=gold[:3]).to_disk(folder / "a.spacy")
+    DocBin(docs=gold[3:]).to_disk(folder / "part" / "b.spacy")
+    return folder
+
+
+def _dev_of_another_name(gold: List[Doc], tmp_path: Path) -> Path:
+    DocBin(docs=gold).to_disk(tmp_path / "dev.docbin")
+    return tmp_path / "dev.docbin"
+
+
+@pytest.mark.parametrize("write_dev", [_dev_directory, _dev_of_another_name])
+def test_the_callback_and_the_command_read_the_dev_data_as_spacy_reads_it(
+    small_nlp, tmp_path, write_dev
+):
+    """The callback's ``dev_path`` and the command's DEV may be a directory of ``.spacy`` files,
+    as ``spacy.Corpus.v1`` reads ``--paths.dev`` (``spacy convert`` writes one for a directory of
+    inputs: the callback raised IsADirectoryError at the first save of ``spacy train``, which
+    then saved no pipeline, and the command refused it), or a DocBin file whose name does not
+    end in ``.spacy`` (``dev.docbin``), read as before they took Examples (``Corpus`` reads no
+    such file, with a mere warning, and the command saved nothing). Both fit the map that
+    :func:`calibrate_component` fits on the same documents."""
     nlp = _copy(small_nlp, tmp_path)
     gold = [eg.reference for eg in make_examples(nlp)]
-    dev = tmp_path / "dev.docbin"
-    DocBin(docs=gold).to_disk(dev)
+    dev = write_dev(gold, tmp_path)
     expected = calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold))
     assert expected["n_entities"] > 0
     nlp.get_pipe("fsemicrf_ner").calibration = None
