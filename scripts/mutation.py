@@ -564,6 +564,15 @@ def _row(label: str, counts: Counter) -> str:
     return f"| {label} | " + " | ".join(cells) + f" | {100 * share:.1f}% |"
 
 
+def modules_of(group: Group, modules: List[str], n_groups: int) -> List[str]:
+    """The modules a run of ``group`` mutates given ``--modules``: all of them when it is the
+    only group run (a module of no group's globs, such as one its tests cover, included), else
+    those that match one of its globs, or its own modules when none does."""
+    if n_groups == 1:
+        return list(modules)
+    return [m for m in modules if any(fnmatch(m, own) for own in group.modules)] or group.modules
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", type=Path, default=Path("docs/mutation.md"))
@@ -591,8 +600,7 @@ def main(argv=None) -> None:
     for name in args.groups:
         group = GROUPS[name]
         if args.modules:
-            group = Group([m for m in args.modules if fnmatch(m, group.modules[0])] or group.modules,
-                          group.tests, group.deselect)
+            group = replace(group, modules=modules_of(group, args.modules, len(args.groups)))
             GROUPS[name] = group
         tree = workdir / name if args.report_only else run_group(
             name, group, workdir, args.max_children, args.source, args.minutes, args.sample)

@@ -20,3 +20,16 @@ def test_a_copy_without_some_test_files_keeps_the_group_s_other_settings(tmp_pat
     assert present.timeout_constant == group.timeout_constant == 10.0
     config = mutation.mutmut_config(present).splitlines()
     assert "timeout_constant = 10.0" in config and f"    {group.tests[0]}" not in config
+
+
+def test_modules_replace_those_of_the_only_group_run_and_split_among_several():
+    """``--modules`` mutates a module outside the group's globs when one group runs (e.g.
+    calibration.py with the component's tests), and with several groups gives each the modules
+    of its globs."""
+    structured = mutation.GROUPS["structured"]
+    component = mutation.GROUPS["component"]
+    calibration = "spacy_fsemicrf/calibration.py"
+    filtered = "spacy_fsemicrf/structured/filtered.py"
+    assert mutation.modules_of(component, [calibration], 1) == [calibration]
+    assert mutation.modules_of(structured, [filtered, calibration], 2) == [filtered]
+    assert mutation.modules_of(component, [filtered], 2) == component.modules
