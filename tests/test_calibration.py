@@ -481,6 +481,15 @@ def test_a_map_per_kind_needs_enough_entities_of_each():
             check_calibration(bad)
 
 
+def test_a_map_per_kind_reads_seen_flags_of_any_shape_and_dtype():
+    """``fit_by_novelty`` called directly reads ``seen`` as booleans, flattened: 0/1 integers
+    (not indices) and a column of flags give the map of a flat boolean array."""
+    raw, correct, seen = _novelty_outcomes(n=400)
+    expected = fit_by_novelty(raw, correct, seen)
+    assert fit_by_novelty(raw, correct, seen.astype("int64")) == expected
+    assert fit_by_novelty(raw, correct, seen.reshape(-1, 1)) == expected
+
+
 @functools.lru_cache(maxsize=None)
 def _tokenizer():
     """One English tokenizer for every example (a blank pipeline each cost 50 ms)."""
@@ -499,6 +508,17 @@ def test_seen_flags_is_set_membership_of_the_entity_texts(words, known, data):
     keys = numpy.unique(numpy.array([entity_key(t) for t in known], dtype="uint64"))
     expected = [doc[s:e + 1].text in known for _, s, e, _ in rows.tolist()]
     assert seen_flags([doc], rows, keys).tolist() == expected
+
+
+def test_an_unannotated_copy_keeps_the_text_and_tokens_only():
+    """``unannotated`` gives what a pipeline sees at prediction: the same tokens and the same
+    text (spaces as they were, none after the last token), no entities."""
+    doc = _tokenizer()("Paris is in France.")
+    doc.ents = [Span(doc, 0, 1, "LOC")]
+    copy = unannotated(doc)
+    assert [t.text for t in copy] == [t.text for t in doc] and copy.text == doc.text
+    assert [t.whitespace_ for t in copy] == [t.whitespace_ for t in doc]
+    assert not copy.has_annotation("ENT_IOB") and copy.vocab is doc.vocab
 
 
 # ----------------------------------------------------------------------------- the pipeline
@@ -1072,6 +1092,25 @@ def test_the_command_calibrates_a_saved_pipeline(small_nlp, tmp_path, capsys):
     assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").seen_entities.tolist() == expected
 
 
+def test_the_command_help_names_the_command_and_says_what_each_argument_is(capsys):
+    """``--help`` shows the command as it is run, what it does and what each argument is."""
+    with pytest.raises(SystemExit):
+        calibration.main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert shown.startswith("usage: python -m spacy_fsemicrf calibrate [-h]")
+    for text in (
+        "Fit the score calibration map of a trained fsemicrf_ner pipeline on a development "
+        "corpus (never the test set) and save the pipeline with it.",
+        "model the trained pipeline (a directory or a package name)",
+        "dev held-out documents with gold entities (a .spacy file or a directory of them)",
+        "--output OUTPUT where to save (default: MODEL)",
+        "--component COMPONENT the fsemicrf_ner component to calibrate (default: every one)",
+        "--train TRAIN the training corpus (.spacy): record the entity texts seen in training, "
+        "for a pipeline trained before the component recorded them",
+    ):
+        assert text in shown
+
+
 def test_the_command_names_a_missing_corpus_before_loading_the_pipeline(capsys, monkeypatch):
     monkeypatch.setattr(calibration.spacy, "load", lambda *a, **k: pytest.fail("loaded"))
     for argv in (["model", "no_such_dev.spacy"],
@@ -1229,6 +1268,17 @@ def test_the_callback_says_why_it_cannot_read_the_dev_corpus_of_the_config(small
     with pytest.raises(ValueError, match=r"cannot resolve it: \[training\] dev_corpus is None"):
         callback(nlp)
     assert nlp.get_pipe("fsemicrf_ner").calibration is None
+
+
+def test_a_reader_config_that_does_not_validate_is_named_without_the_whole_config():
+    """A dev reader whose settings do not validate fails with thinc's message for that setting
+    alone, not followed by the whole config it resolved."""
+    nlp = spacy.blank("en")
+    nlp.config["paths"]["dev"] = "dev.spacy"
+    nlp.config["corpora"]["dev"]["limit"] = "many"
+    why = "Config error for 'spacy.Corpus.v1' reader -> limit at root: 'many' is not <class 'int'>"
+    with pytest.raises(ValueError, match=re.escape(f"cannot resolve it: {why}. Give the config")):
+        calibration.configured_dev_corpus(nlp)
 
 
 def _dev_directory(gold: List[Doc], tmp_path: Path) -> Path:
