@@ -1332,3 +1332,29 @@ def test_the_callback_resolves_only_the_dev_reader_of_the_config(small_nlp, tmp_
     make_calibrate_callback()(nlp)
     fitted = nlp.get_pipe("fsemicrf_ner").calibration
     assert fitted is not None and fitted == calibrate_component(nlp, "fsemicrf_ner", examples)
+
+
+def test_the_fit_gets_the_seen_flags_when_the_component_has_training_entities(
+    small_nlp, tmp_path, monkeypatch
+):
+    """``calibrate_component`` hands the fit each entity's seen flag when the component
+    recorded its training entities (so that the fit may choose a map per kind), and none when
+    it did not (an older pipeline): the flags are those of :func:`raw_outcomes`."""
+    nlp = _copy(small_nlp, tmp_path)
+    gold = [eg.reference for eg in make_examples(nlp)]
+    examples = _read(nlp, gold)
+    ner = nlp.get_pipe("fsemicrf_ner")
+    ner.record_seen_entities(gold[:2])  # the others' entities unseen
+    raw, correct, seen = calibration.raw_outcomes(nlp, "fsemicrf_ner", examples)
+    given = []
+    fit = calibration.fit_calibration
+    monkeypatch.setattr(calibration, "fit_calibration",
+                        lambda *args: given.append(args) or fit(*args))
+    assert ner.seen_entities.size and seen.any() and not seen.all()
+    calibrate_component(nlp, "fsemicrf_ner", examples)
+    ner.seen_entities = ner.seen_entities[:0]
+    calibrate_component(nlp, "fsemicrf_ner", examples)
+    (raw1, correct1, seen1), (raw2, correct2, seen2) = given
+    assert numpy.array_equal(raw1, raw) and numpy.array_equal(correct1, correct)
+    assert numpy.array_equal(seen1, seen) and seen2 is None
+    assert numpy.array_equal(raw2, raw) and numpy.array_equal(correct2, correct)
