@@ -632,3 +632,18 @@ def test_a_local_cluster_whose_client_fails_is_closed(monkeypatch):
         connect(None, 1)
     assert len(closed) == 1
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_is_left_alone_where_its_handler_could_not_be_put_back(monkeypatch):
+    """A SIGINT handler set outside Python (``signal.getsignal`` gives None, as in a process
+    that embeds Python) cannot be restored: ``signal.signal(SIGINT, None)`` raises TypeError,
+    which ended a run whose cluster had started fine. The handler is then left as it is."""
+    from spacy_fsemicrf.annotate import engine
+
+    set_to = []
+    monkeypatch.setattr(engine.signal, "getsignal", lambda signum: None)
+    monkeypatch.setattr(engine.signal, "signal",
+                        lambda signum, handler: set_to.append(handler) or None)
+    with engine.ctrl_c_ignored():
+        pass
+    assert set_to == []

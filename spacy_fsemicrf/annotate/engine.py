@@ -188,8 +188,11 @@ def ctrl_c_ignored() -> Iterator[None]:
     processes started meanwhile inherit that and cannot die of it while they import, each with
     a traceback, before their preload ignores it; and a cluster interrupted while it starts is
     left to Dask to close at exit, workers after their scheduler, with more tracebacks."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers belong to the main thread
+    # signal handlers belong to the main thread; a handler set outside Python (None) could not
+    # be put back
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is None):
+        yield
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
