@@ -474,20 +474,19 @@ def make_calibrate_callback(
     ``dev_path``, the ``.spacy`` files there (:func:`read_dev_examples`); read once, at the
     first save. Without ``component``, every component made by the ``fsemicrf_ner`` factory,
     whatever its name, each its own map; a ``ValueError`` when there is none."""
-    examples: List[List[Example]] = []  # the dev examples, once read
-    saves = [0]  # how many so far
+    examples: List[List[Example]] = []  # the dev examples, read at the first save
 
     def calibrate_before_to_disk(nlp: Language) -> Language:
         names = [component] if component is not None else fsemicrf_components(nlp)
         if not names:
             raise ValueError(f"{CALLBACK}: the pipeline has no fsemicrf_ner component to "
                              f"calibrate (its components: {nlp.pipe_names})")
-        if not examples:
+        first = not examples
+        if first:
             examples.append(read_dev_examples(nlp, dev_path))
         for name in names:
             # a poor fit is reported at the first save only, not at every one
-            calibrate_component(nlp, name, examples[0], warn_poor_fit=saves[0] == 0)
-        saves[0] += 1
+            calibrate_component(nlp, name, examples[0], warn_poor_fit=first)
         return nlp
 
     return calibrate_before_to_disk
