@@ -838,6 +838,12 @@ def test_settings_round_trip_through_config_and_disk(small_nlp, tmp_path):
     # turns "0.5" into 0.5 before the component sees it
     with pytest.raises(ValueError, match="threshold must be a number"):
         restored.threshold = "0.5"
+    string_config = {"model": small_model(), "threshold": "0.5"}
+    if spacy.util.is_minor_version_match(spacy.__version__, "3.7"):
+        assert spacy.blank("en").add_pipe("fsemicrf_ner", config=string_config).threshold == 0.5
+    else:
+        with pytest.raises(ValueError):
+            spacy.blank("en").add_pipe("fsemicrf_ner", config=string_config)
 
 
 def test_a_pipeline_without_a_map_gives_raw_scores_and_warns_once(small_nlp, tmp_path, caplog):
