@@ -319,7 +319,7 @@ def test_a_bad_record_fails_its_shard_and_leaves_nothing_of_it(client, model_dir
     lines.insert(25, bad_line)  # in the third shard of 10
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    with pytest.raises(AnnotateError, match=message + ".*annotate it into a new OUTPUT"):
+    with pytest.raises(AnnotateError, match=message + ".*rerun with --update"):
         annotate(str(model_dir), tmp_path / "in.jsonl", out, client=client, shard_size=10,
                  progress=False)
     # the error is the user's to fix: no worker logs it with a traceback
@@ -327,6 +327,19 @@ def test_a_bad_record_fails_its_shard_and_leaves_nothing_of_it(client, model_dir
     assert not shard_paths(out, 2)["docs"].exists() and not shard_paths(out, 2)["entities"].exists()
     # (Shards in flight elsewhere may still be writing theirs: only shard 2 is checked.)
     assert not list((out / "shards").glob(".000002.*")) and not (out / "entities.jsonl").exists()
+
+    # the line fixed, the run finishes in the same OUTPUT with --update, keeping what it wrote
+    lines[25] = json.dumps({"text": "Mary flew to Rome ."})
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(AnnotateError, match="1 of 4 shards differ.*--update"):
+        annotate(str(model_dir), tmp_path / "in.jsonl", out, client=client, shard_size=10,
+                 progress=False)
+    time.sleep(0.5)  # for the shards that were still being written when the run failed
+    written = {i for i in range(4) if shard_paths(out, i)["docs"].exists()}
+    summary = annotate(str(model_dir), tmp_path / "in.jsonl", out, client=client, shard_size=10,
+                       progress=False, update=True)
+    assert summary.changed_shards == 1 and summary.skipped_shards == len(written - {2})
+    assert [r["id"] for r in read_entities(out)].count("in.jsonl:25") >= 1
 
 
 @pytest.mark.parametrize("line", ['{"text": "Mary \\ud800 flew to Rome ."}',
@@ -560,6 +573,24 @@ def test_msgpack_lookups_remembered_keep_every_encoder(trained_nlp):
     assert Doc(trained_nlp.vocab).from_bytes(doc_bytes).to_json() == doc.to_json()
 
 
+def test_the_command_passes_update_and_says_what_it_annotated_again(monkeypatch, capsys):
+    from spacy_fsemicrf.annotate import engine
+
+    calls = []
+
+    def fake_annotate(model, input_path, output, **kwargs):
+        calls.append(kwargs["update"])
+        return engine.Summary(docs=30, shards=3, skipped_shards=2, entities=7, workers=2,
+                              seconds=1.0, entities_path=Path(output) / "entities.jsonl",
+                              changed_shards=1 if kwargs["update"] else 0)
+
+    monkeypatch.setattr(engine, "annotate", fake_annotate)
+    assert cli_main(["model", "in.jsonl", "out", "--update"]) == 0
+    assert "2 kept from an earlier run, 1 annotated again" in capsys.readouterr().out
+    assert cli_main(["model", "in.jsonl", "out"]) == 0 and calls == [True, False]
+    assert "annotated again" not in capsys.readouterr().out
+
+
 def test_the_module_command_dispatches(capsys):
     from spacy_fsemicrf.__main__ import main
 
@@ -597,16 +628,96 @@ def test_a_rerun_after_the_input_was_edited_is_refused(model_dir, tmp_path):
         prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
 
 
-def test_a_manifest_without_digests_is_compared_by_layout(model_dir, corpus, tmp_path):
+@pytest.mark.parametrize("earlier", ["no digests", "a digest of each file"])
+def test_an_earlier_manifest_is_compared_by_layout(model_dir, corpus, tmp_path, earlier):
     from spacy_fsemicrf.annotate.shards import prepare_output
 
     out = tmp_path / "out"
     prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
     manifest = json.loads((out / "manifest.json").read_text())
     for shard in manifest["shards"]:
-        del shard["digest"]
+        if earlier == "no digests":
+            del shard["digest"]
+        else:
+            manifest["format"] = 1
+            shard["digest"] = "0" * 32
     (out / "manifest.json").write_text(json.dumps(manifest))
-    prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
+    assert prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10)) == []
+    with pytest.raises(AnnotateError, match="another input"):
+        prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10)[:-1], update=True)
+
+
+def _touch_shards(out: Path, indices) -> None:
+    for i in indices:
+        for path in shard_paths(out, i).values():
+            path.write_text("")
+    (out / "entities.jsonl").write_text("")
+
+
+def _written(out: Path):
+    return [i for i in range(10) if shard_paths(out, i)["docs"].exists()]
+
+
+def test_an_update_annotates_again_only_the_shards_whose_documents_changed(model_dir, tmp_path):
+    from spacy_fsemicrf.annotate.shards import prepare_output
+
+    texts = make_texts(25, 3)
+    records = [json.dumps({"text": t}) for t in texts]
+    path, out = tmp_path / "in.jsonl", tmp_path / "out"
+    path.write_text("\n".join(records) + "\n")
+    assert prepare_output(out, str(model_dir), 10, plan_shards(path, 10)) == []
+    _touch_shards(out, range(3))
+    records[12] = json.dumps({"text": "Anna Lee flew to Oslo ."})  # shard 1
+    path.write_text("\n".join(records) + "\n")
+    with pytest.raises(AnnotateError, match="1 of 3 shards differ"):
+        prepare_output(out, str(model_dir), 10, plan_shards(path, 10))
+    assert _written(out) == [0, 1, 2]  # refused: nothing removed
+    assert prepare_output(out, str(model_dir), 10, plan_shards(path, 10), update=True) == [1]
+    assert _written(out) == [0, 2] and not (out / "entities.jsonl").exists()
+    assert prepare_output(out, str(model_dir), 10, plan_shards(path, 10)) == []  # recorded
+    _touch_shards(out, [1])
+
+    # blank lines are part of the shard they follow; a record removed moves every later one
+    path.write_text("\n".join(records[:15]) + "\n\n" + "\n".join(records[15:]) + "\n")
+    assert prepare_output(out, str(model_dir), 10, plan_shards(path, 10), update=True) == [1]
+    _touch_shards(out, [1])
+    path.write_text("\n".join(records[1:]) + "\n")
+    assert prepare_output(out, str(model_dir), 10, plan_shards(path, 10), update=True) == [0, 1, 2]
+    path.write_text("\n".join(records) + "\n")
+    assert prepare_output(out, str(model_dir), 10, plan_shards(path, 10), update=True) == [0, 1, 2]
+    _touch_shards(out, range(3))
+    # records added: the last shard grows, a new one follows; removed: the shards beyond go
+    path.write_text("\n".join(records + records[:10]) + "\n")
+    assert prepare_output(out, str(model_dir), 10, plan_shards(path, 10), update=True) == [2, 3]
+    _touch_shards(out, range(4))
+    path.write_text("\n".join(records[:12]) + "\n")
+    assert prepare_output(out, str(model_dir), 10, plan_shards(path, 10), update=True) == [1]
+    assert _written(out) == [0]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["shards"]) == 2
+
+
+def test_an_update_reads_a_spacy_shard_as_annotate_reads_it(model_dir, tmp_path):
+    """Only what annotation reads counts: the words, their spacing, the id; not gold entities."""
+    from spacy_fsemicrf.annotate.shards import prepare_output
+
+    nlp = spacy.blank("en")
+    docs = [nlp.make_doc(t) for t in make_texts(6, 4)]
+    path, out = tmp_path / "in.spacy", tmp_path / "out"
+
+    def save(docs):
+        DocBin(docs=docs, store_user_data=True).to_disk(path)
+        return prepare_output(out, str(model_dir), 2, plan_shards(path, 2), update=True)
+
+    assert save(docs) == []
+    docs[0].ents = [docs[0].char_span(0, len(docs[0][0].text), label="MISC")]
+    assert save(docs) == []
+    docs[2] = nlp.make_doc(docs[2].text.replace(" .", "."))
+    assert save(docs) == [1]
+    docs[5].user_data["id"] = "x"
+    assert save(docs) == [2]
+    assert save(docs[:4] + [Doc(nlp.vocab, words=["A", "B"]), Doc(nlp.vocab, words=["C"])]) == [2]
+    assert save(docs[:4] + [Doc(nlp.vocab, words=["A"]), Doc(nlp.vocab, words=["B", "C"])]) == [2]
 
 
 def test_a_local_cluster_whose_client_fails_is_closed(monkeypatch):

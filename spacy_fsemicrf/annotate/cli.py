@@ -11,7 +11,8 @@ optional "id" per line, or a directory of them) with the spaCy pipeline MODEL (a
 an installed package) into OUTPUT: shards/NNNNNN.spacy (the annotated documents, their ids in
 doc.user_data["id"]) and entities.jsonl (id, start and end character, label, text, score).
 Runs on a Dask LocalCluster, or on the cluster whose scheduler is given. Rerun the same command
-after a crash: finished shards are kept, the others are annotated."""
+after a crash: finished shards are kept, the others are annotated. After fixing or extending
+INPUT, rerun with --update: only the shards whose documents changed are annotated again."""
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -30,6 +31,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE,
                         help="documents per shard, the unit of work and of output "
                         f"(default {DEFAULT_SHARD_SIZE})")
+    parser.add_argument("--update", action="store_true",
+                        help="accept an INPUT that changed since the run in OUTPUT: annotate "
+                        "the shards whose documents changed, keep the others")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
@@ -41,7 +45,8 @@ def main(argv: List[str]) -> int:
     try:
         summary = annotate(args.model, args.input, args.output, workers=args.workers,
                            scheduler=args.scheduler, batch_size=args.batch_size,
-                           shard_size=args.shard_size, progress=not args.no_progress)
+                           shard_size=args.shard_size, progress=not args.no_progress,
+                           update=args.update)
     except AnnotateError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -51,6 +56,8 @@ def main(argv: List[str]) -> int:
         print(f"interrupted: {what}", file=sys.stderr)
         return 130
     kept = f", {summary.skipped_shards} kept from an earlier run" if summary.skipped_shards else ""
+    if summary.changed_shards:
+        kept += f", {summary.changed_shards} annotated again (their documents changed)"
     print(f"{summary.docs} documents in {summary.shards} shards{kept}; {summary.entities} "
           f"entities in {summary.entities_path}; {summary.seconds:.1f} s")
     return 0

@@ -58,6 +58,7 @@ class Summary:
     workers: int
     seconds: float
     entities_path: Path
+    changed_shards: int = 0  # annotated again, their documents changed (``update``)
 
     @property
     def docs_per_second(self) -> float:
@@ -107,9 +108,9 @@ def annotate_shard(
     nlp = load_pipeline(model)
     try:
         inputs, ids = read_shard(shard, nlp.vocab)
-    except AnnotateError as err:  # OUTPUT's manifest holds the digest of the input as it is
-        raise AnnotateError(f"{err}; fix INPUT, then annotate it into a new OUTPUT "
-                            f"directory") from err
+    except AnnotateError as err:  # OUTPUT's manifest holds the digests of the input as it is
+        raise AnnotateError(f"{err}; fix INPUT, then rerun with --update: the shards written "
+                            f"are kept") from err
     keys = score_keys(nlp)
     docs, records = [], []
     with _PIPE_LOCK:
@@ -228,11 +229,13 @@ def annotate(
     client: Any = None,
     progress: bool = True,
     on_shard_done: Optional[Callable[[Dict[str, Any]], None]] = None,
+    update: bool = False,
 ) -> Summary:
     """Annotate every document of ``input_path`` with the pipeline ``model`` into ``output``.
 
     Shards finished by an earlier run into the same ``output`` are kept; the others are
-    annotated. ``client`` runs the tasks on an existing Dask client (it is left open);
+    annotated. An input that changed since that run is refused, unless ``update``: then the
+    shards whose documents changed are annotated again and the others kept. ``client`` runs the tasks on an existing Dask client (it is left open);
     otherwise one is made from ``scheduler`` or a new LocalCluster of ``workers`` processes.
     ``on_shard_done`` is called with each finished task's result, in the order they finish.
     """
@@ -249,7 +252,7 @@ def annotate(
         raise AnnotateError(f"OUTPUT {output} is inside the INPUT directory {input_path}: "
                             f"write it elsewhere")
     shards = plan_shards(Path(input_path), shard_size)
-    prepare_output(output, model, shard_size, shards)
+    changed = prepare_output(output, model, shard_size, shards, update=update)
     remove_temporary(output)
     done = finished_shards(output, shards)
     todo = [shard for shard in shards if shard.index not in done]
@@ -273,6 +276,7 @@ def annotate(
         workers=n_workers,
         seconds=time.perf_counter() - start,
         entities_path=entities_path,
+        changed_shards=len(changed),
     )
 
 

@@ -3,7 +3,8 @@
 INPUT is a ``.spacy`` file, a ``.jsonl`` file (one JSON object a line with a ``text`` field and
 an optional ``id``) or a directory searched recursively for both. A shard is a run of at most
 ``shard_size`` consecutive documents of one file; the plan depends only on the input and the
-shard size, so a rerun finds the same shards.
+shard size, so a rerun finds the same shards, and each shard has a digest of the documents it
+reads, so a rerun can tell which shards an edit of the input changed.
 
 Document ids: the record's ``id`` (``.jsonl``) or ``doc.user_data["id"]`` (``.spacy``), else
 ``"<file>:<n>"`` with the file's path relative to INPUT and the document's 0-based position.
@@ -15,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Tuple, Union
 
+import numpy
 import srsly
 from spacy.attrs import ORTH
 from spacy.tokens import Doc, DocBin
@@ -40,7 +42,7 @@ class Shard:
     count: int
     offset: int = 0  # .jsonl: byte offset of the first record
     line: int = 0  # .jsonl: 1-based line number of the first record
-    digest: str = ""  # the file's content (BLAKE2b) when the run was planned
+    digest: str = ""  # the shard's documents (BLAKE2b) when the run was planned
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -67,14 +69,15 @@ def plan_shards(path: Path, shard_size: int) -> List[Shard]:
     shards: List[Shard] = []
     for file, name in input_files(path):
         if file.suffix == ".jsonl":
-            starts, n_records, digest = _jsonl_shard_starts(file, shard_size)
-            for (offset, line), first in zip(starts, range(0, n_records, shard_size)):
+            starts, n_records, digests = _jsonl_shard_starts(file, shard_size)
+            for (offset, line), digest, first in zip(starts, digests,
+                                                     range(0, n_records, shard_size)):
                 count = min(shard_size, n_records - first)
                 shards.append(Shard(len(shards), str(file), name, first, count, offset, line,
                                     digest))
         else:
-            n_docs, digest = _count_spacy_docs(file)
-            for first in range(0, n_docs, shard_size):
+            n_docs, digests = _spacy_shard_digests(file, shard_size)
+            for digest, first in zip(digests, range(0, n_docs, shard_size)):
                 count = min(shard_size, n_docs - first)
                 shards.append(Shard(len(shards), str(file), name, first, count, digest=digest))
     return shards
@@ -90,33 +93,58 @@ def read_shard(shard: Shard, vocab: Vocab) -> Tuple[List[Any], List[Any]]:
     return _read_spacy(shard, vocab)
 
 
-def _jsonl_shard_starts(file: Path, shard_size: int) -> Tuple[List[Tuple[int, int]], int, str]:
+def _jsonl_shard_starts(
+    file: Path, shard_size: int
+) -> Tuple[List[Tuple[int, int]], int, List[str]]:
     """``(byte offset, line number)`` of the first record (non-blank line) of every shard, the
-    number of records and the file's digest. Only the shards' starts are kept: a file may hold
-    more records than the driver could keep a tuple of each in memory."""
+    number of records and every shard's digest (of its lines, up to the next shard's first).
+    Only the shards' starts are kept: a file may hold more records than the driver could keep a
+    tuple of each in memory."""
     starts = []
+    digests: List[str] = []
     offset = 0
     n_records = 0
     digest = hashlib.blake2b(digest_size=16)
     try:
         with file.open("rb") as f:
             for number, raw in enumerate(f, start=1):
-                digest.update(raw)
                 if raw.strip():
                     if n_records % shard_size == 0:
+                        if starts:  # the blank lines before a shard end the one before it
+                            digests.append(digest.hexdigest())
+                            digest = hashlib.blake2b(digest_size=16)
                         starts.append((offset, number))
                     n_records += 1
+                digest.update(raw)
                 offset += len(raw)
     except OSError as err:
         raise AnnotateError(f"cannot read {file}: {err}") from err
-    return starts, n_records, digest.hexdigest()
+    if starts:
+        digests.append(digest.hexdigest())
+    return starts, n_records, digests
 
 
-def _count_spacy_docs(file: Path) -> Tuple[int, str]:
-    """The number of documents of a .spacy file and its digest (a rerun into the same OUTPUT
-    must read the same input), from one read of the file."""
-    data = _read_bytes(file)
-    return len(_docbin_from_bytes(data, file)), hashlib.blake2b(data, digest_size=16).hexdigest()
+def _spacy_shard_digests(file: Path, shard_size: int) -> Tuple[int, List[str]]:
+    """The number of documents of a .spacy file and every shard's digest of what
+    :func:`_read_spacy` reads (the words, their spacing, the stored ``user_data`` that holds
+    the id), from one read of the file."""
+    docbin = _docbin_from_bytes(_read_bytes(file), file)
+    orth = docbin.attrs.index(ORTH)
+    n_docs = len(docbin.tokens)
+    digests = []
+    for first in range(0, n_docs, shard_size):
+        digest = hashlib.blake2b(digest_size=16)
+        for i in range(first, min(first + shard_size, n_docs)):
+            user_data = docbin.user_data[i] if i < len(docbin.user_data) else b""
+            parts = (numpy.ascontiguousarray(docbin.tokens[i][:, orth]).tobytes(),
+                     numpy.ascontiguousarray(docbin.spaces[i]).tobytes(),
+                     b"?" if docbin.flags[i].get("has_unknown_spaces") else b"",
+                     user_data or b"")
+            for part in parts:  # each with its length: the documents' bytes do not run together
+                digest.update(len(part).to_bytes(8, "little"))
+                digest.update(part)
+        digests.append(digest.hexdigest())
+    return n_docs, digests
 
 
 def _read_bytes(file: Path) -> bytes:

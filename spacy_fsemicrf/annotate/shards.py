@@ -2,7 +2,7 @@
 
 OUTPUT/
     manifest.json            the model, the shard size and every shard with a digest of its
-                             file's content (checked on a rerun)
+                             documents (checked on a rerun)
     shards/000000.spacy      the annotated documents of shard 0 (ids in doc.user_data["id"])
     shards/000000.jsonl      their entities, one JSON object a line
     entities.jsonl           every shard's entities in input order, written at the end
@@ -26,7 +26,7 @@ from spacy.vocab import Vocab
 
 from .inputs import AnnotateError, Shard
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 1: a digest of each input file, in each of its shards
 TMP_SUFFIX = ".tmp"
 
 
@@ -173,9 +173,15 @@ def remove_temporary(output: Path) -> int:
     return removed
 
 
-def prepare_output(output: Path, model: str, shard_size: int, shards: List[Shard]) -> None:
+def prepare_output(
+    output: Path, model: str, shard_size: int, shards: List[Shard], update: bool = False
+) -> List[int]:
     """Create OUTPUT with its manifest, or check that an existing one was written for the same
-    model, input and shard size (a rerun must find the same shards)."""
+    model, input and shard size (a rerun must find the same shards).
+
+    With ``update``, an input that changed since that run is accepted: the files of the shards
+    whose documents changed (and of shards the input no longer has) are removed, so that the
+    run annotates them again, and the manifest is rewritten. Returns those shards' indices."""
     manifest = {
         "format": MANIFEST_FORMAT,
         "model": model,
@@ -190,24 +196,56 @@ def prepare_output(output: Path, model: str, shard_size: int, shards: List[Shard
         (output / "shards").mkdir(parents=True, exist_ok=True)
     except OSError as err:  # a parent that is a file, no permission, a read-only file system
         raise AnnotateError(f"cannot create OUTPUT {output}: {err}") from err
+    changed: List[int] = []
     if path.exists():
         previous = _read_manifest(path)
-        if any("digest" not in shard for shard in previous.get("shards", [])):
-            # written before the manifest recorded the files' content: the layout is compared
-            manifest["shards"] = [{k: v for k, v in shard.items() if k != "digest"}
-                                  for shard in manifest["shards"]]
-        for field in ("model", "shard_size", "shards"):
+        for field in ("model", "shard_size"):
             if previous.get(field) != manifest[field]:
-                what = "input" if field == "shards" else field.replace("_", " ")
                 raise AnnotateError(
-                    f"OUTPUT {output} holds a run with another {what}; annotate into a new "
-                    f"OUTPUT directory, or rerun with the same model, input and shard size"
+                    f"OUTPUT {output} holds a run with another {field.replace('_', ' ')}; "
+                    f"annotate into a new OUTPUT directory, or rerun with the same model, input "
+                    f"and shard size"
                 )
-        return
+        old, new = previous.get("shards", []), manifest["shards"]
+        if previous.get("format") != MANIFEST_FORMAT or any("digest" not in s for s in old):
+            # digests of whole files, or none: only the layout can be compared
+            if [_layout(s) for s in old] != [_layout(s) for s in new]:
+                raise AnnotateError(f"OUTPUT {output} holds a run with another input; annotate "
+                                    f"into a new OUTPUT directory")
+            return []
+        # where a shard starts in its file (moved by an edit before it) is not what it reads
+        changed = [i for i in range(max(len(old), len(new)))
+                   if i >= len(old) or i >= len(new) or _read(old[i]) != _read(new[i])]
+        if not changed:
+            return []
+        if not update:
+            raise AnnotateError(
+                f"OUTPUT {output} holds a run with another input ({len(changed)} of {len(new)} "
+                f"shards differ); rerun with --update to annotate those and keep the others, "
+                f"or annotate into a new OUTPUT directory"
+            )
+        try:  # before the new manifest: a crash in between leaves the old one, and the same diff
+            for index in changed:
+                paths = shard_paths(output, index)
+                for file in (paths["docs"], paths["entities"]):  # .spacy first: it marks a shard
+                    file.unlink(missing_ok=True)
+            (output / "entities.jsonl").unlink(missing_ok=True)
+        except OSError as err:
+            raise AnnotateError(f"cannot update OUTPUT {output}: {err}") from err
     try:
         _replace(path, json.dumps(manifest, indent=1).encode("utf8"))
     except OSError as err:
         raise AnnotateError(f"cannot write into OUTPUT {output}: {err}") from err
+    return [i for i in changed if i < len(shards)]
+
+
+def _layout(shard: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in shard.items() if k != "digest"}
+
+
+def _read(shard: Dict[str, Any]) -> Dict[str, Any]:
+    """What a shard's annotation depends on: its documents, their ids, its place in OUTPUT."""
+    return {k: v for k, v in shard.items() if k not in ("offset", "line")}
 
 
 def _read_manifest(path: Path) -> Dict[str, Any]:
