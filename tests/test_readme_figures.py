@@ -3,7 +3,7 @@
 A *figure* is a number with a decimal point, or with a ``%`` or ``x`` suffix, in the README's
 prose and tables. Not figures: code (fenced blocks and inline code), link targets, version
 numbers (``2.13.0``, ``Thinc 8.3``), arXiv identifiers, and the settings of the config
-reference section (defaults, checked against ``DEFAULT_MODELS`` elsewhere).
+reference section (defaults, checked against the code by tests/test_readme_settings.py).
 
 A figure is found when a results file, a ``.md`` or ``.json`` under ``benchmarks/results/`` or
 one that ``docs/results.md`` names, holds it: as written (``83.98``, ``1.16x``, ``+2.81``) in
