@@ -78,6 +78,8 @@ def build_filtered_semicrf(
 ) -> Model[ModelInput, Any]:
     """Filtered Semi-Markov CRF (Zaratiana et al., 2023) over the vectors of ``tok2vec``.
 
+    tok2vec (Model[List[Doc], List[Floats2d]]): the token vectors (a tok2vec of its own, a
+        listener or a transformer listener).
     max_width (int): widest entity in tokens (K); wider gold entities are left out of training.
     hidden_width (int): width of the span representation.
     span_repr (str): span featurizer: "endpoints" ([h_i; h_j; width]), a pooling ("sum",
@@ -106,9 +108,10 @@ def build_filtered_semicrf(
         segmentation, added in training; 0 by default.
     focal_gamma (float): gamma of a focal local loss, each span's cross-entropy times
         ``(1 - p)^gamma``; 0, the plain cross-entropy, by default.
+    mixed_precision (bool): run the head under CUDA autocast (GPU only); False by default.
+    grad_scaler (Optional[dict]): keyword arguments for Thinc's PyTorchGradScaler (mixed
+        precision); None by default.
     The settings with a default may be left out of a config, which then gets the default.
-    mixed_precision (bool): run the head under CUDA autocast.
-    grad_scaler (Optional[dict]): arguments for Thinc's PyTorchGradScaler (mixed precision).
     """
     kwargs = dict(
         max_width=max_width, hidden_width=hidden_width, span_repr=span_repr,
@@ -139,7 +142,9 @@ def build_semicrf(
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model[ModelInput, Any]:
     """Exact Semi-Markov CRF (every segmentation into segments of width 1..K) with the span
-    scorer of ``FilteredSemiCRF.v1`` (same settings)."""
+    scorer of ``FilteredSemiCRF.v1``: each of its settings means what the setting of that name
+    means there (``max_width`` bounds the entity segments, ``transitions`` adds
+    label-transition scores between consecutive segments)."""
     kwargs = dict(
         max_width=max_width, hidden_width=hidden_width, span_repr=span_repr,
         transitions=transitions, dropout=dropout, hidden_depth=hidden_depth,
@@ -162,10 +167,12 @@ def build_linear_crf(
     mixed_precision: bool = False,
     grad_scaler: Optional[Dict[str, Any]] = None,
 ) -> Model[ModelInput, Any]:
-    """Linear-chain CRF over BIO or BILUO token tags (emissions from a hidden layer of
-    ``hidden_width``, over a BiLSTM of ``context_depth`` layers if above 0, and with
-    ``word_pool`` the same-word pooling of the span heads). Trains on and predicts entities of
-    any width; ``max_width`` bounds only the spans of its ``candidates_key`` group."""
+    """Linear-chain CRF over BIO or BILUO token tags (``scheme``: "BIO" or "BILUO"), with
+    label-transition scores always: emissions from a hidden layer of ``hidden_width``, over a
+    BiLSTM of ``context_depth`` layers if above 0, and with ``word_pool`` the same-word pooling
+    of the span heads; ``dropout``, ``mixed_precision`` and ``grad_scaler`` as in
+    ``FilteredSemiCRF.v1``. Trains on and predicts entities of any width; ``max_width`` bounds
+    only the spans of its ``candidates_key`` group."""
     kwargs = dict(max_width=max_width, hidden_width=hidden_width, scheme=scheme, dropout=dropout,
                   context_depth=context_depth, word_pool=word_pool)
     return build_structured_model("LinearCRF", tok2vec, kwargs, span_head=False,

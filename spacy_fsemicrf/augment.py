@@ -33,10 +33,11 @@ AUGMENTED = "spacy_fsemicrf.augmented"
 def create_entity_token_replacement(
     level: float = 0.3, pool_size: int = 5000
 ) -> Callable[[Language, Example], Iterator[Example]]:
-    """An augmenter that replaces each entity token with probability ``level`` by a token of
-    another entity of the same label, drawn from a pool of at most ``pool_size`` entity tokens
-    per label (filled from the examples as they stream by, reservoir-sampled). Tokens without
-    entity annotation keep it missing in the augmented example."""
+    """An augmenter that replaces each entity token with probability ``level`` (in [0, 1]) by an
+    entity token of the same label drawn from a pool of at most ``pool_size`` (at least 1) per
+    label, filled from the examples as they stream by (this one's included) and
+    reservoir-sampled. Tokens without entity annotation keep it missing in the augmented
+    example."""
     if not 0.0 <= level <= 1.0:
         raise ValueError(f"level must be between 0 and 1, got {level!r}")
     if pool_size < 1:

@@ -184,7 +184,11 @@ def make_fsemicrf_ner(
 
 
 class FSemiCRFEntityRecognizer(TrainablePipe):
-    """Named entity recognizer with a structured (semi-)CRF head."""
+    """Named entity recognizer with a structured (semi-)CRF head.
+
+    ``model`` is built by one of the ``spacy-fsemicrf.*`` architectures (a ``ValueError``
+    otherwise); the keyword arguments are the factory's settings, with the same defaults
+    (:func:`make_fsemicrf_ner` describes them)."""
 
     def __init__(
         self,

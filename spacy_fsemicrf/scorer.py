@@ -17,4 +17,5 @@ def ner_score(examples: Iterable[Example], **kwargs) -> Dict[str, Any]:
 
 @registry.scorers(NER_SCORER)
 def make_ner_scorer() -> Callable[..., Dict[str, Any]]:
+    """The ``spacy-fsemicrf.ner_scorer.v1`` scorer, the component's default: :func:`ner_score`."""
     return ner_score
