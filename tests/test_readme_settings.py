@@ -2,8 +2,8 @@
 
 Its component table lists every setting of the ``fsemicrf_ner`` factory with the factory's
 default; its architectures table lists every setting of each head's default model block
-(``DEFAULT_MODELS``, which the builders' parameters match), "–" where a head has no such
-setting and "same" where it repeats the first head's default.
+(``DEFAULT_MODELS``, which the builders' parameters match and the shipped configs repeat),
+"–" where a head has no such setting and "same" where it repeats the first head's default.
 """
 import inspect
 import json
@@ -13,6 +13,7 @@ from typing import Any, Dict, List
 
 import pytest
 from spacy.language import Language
+from thinc.api import Config
 
 from spacy_fsemicrf import DEFAULT_MODELS, architectures
 
@@ -22,6 +23,7 @@ BUILDERS = {
     "SemiCRF": architectures.build_semicrf,
     "LinearCRF": architectures.build_linear_crf,
 }
+CONFIGS = sorted((ROOT / "configs").glob("*.cfg"))
 NOT_A_SETTING = ("–", "always")  # no such setting; a part of the head that is not optional
 
 
@@ -106,3 +108,12 @@ def test_the_architecture_settings_and_defaults(arch):
             continue
         documented[name] = value(first[name] if cell == "same" else cell)
     assert documented == block
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_the_shipped_configs_repeat_the_defaults(path):
+    model = dict(Config().from_disk(path, interpolate=False)["components"]["fsemicrf_ner"]["model"])
+    arch = model["@architectures"].split(".")[1]
+    default = dict(DEFAULT_MODELS[arch])
+    del model["tok2vec"], default["tok2vec"]  # a listener in the configs
+    assert model == default
