@@ -620,7 +620,11 @@ def path_score(
     transitions: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Score of a given path (e.g. the gold spans), ``[B]``: its node scores plus transitions
-    between consecutive nodes, from START and to END. The empty path scores 0."""
+    between consecutive nodes, from START and to END. The empty path scores 0.
+
+    ``node_scores``, ``path_mask`` (the path's nodes) and ``node_labels`` are ``[B, L, K]``
+    grids (labels only matter with ``transitions``); ``transitions`` is ``[C + 1, C + 1]``
+    for ``C`` labels, null included, its last row from START and its last column to END."""
     B, L, K = path_mask.shape
     total = (node_scores * path_mask).sum((1, 2))
     if transitions is None:

@@ -31,7 +31,9 @@ SPAN_REPRS = (
 
 
 def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tensor:
-    """``BoolTensor[B, L, K]``: which grid entries are candidate spans of their document."""
+    """``BoolTensor[B, L, K]``: which grid entries are candidate spans of their document, for
+    documents of ``lengths [B]`` padded to ``L = length`` tokens and spans of up to
+    ``K = max_width`` tokens (entry ``[b, i, w]``: tokens ``i..i + w``)."""
     ends = span_ends(length, max_width, lengths.device)
     return ends.unsqueeze(0) < lengths.view(-1, 1, 1)
 
@@ -61,7 +63,8 @@ def gold_label_grid(
     gold: torch.Tensor, lengths: torch.Tensor, length: int, max_width: int,
     n_labels: Optional[int] = None,
 ) -> torch.Tensor:
-    """Scatter gold rows ``(doc, start, end, label)`` into a ``LongTensor[B, L, K]`` of labels.
+    """Scatter gold rows ``(doc, start, end inclusive, label)`` into a ``LongTensor[B, L, K]``
+    of labels, for documents of ``lengths [B]`` padded to ``L = length`` and ``K = max_width``.
 
     Entries that are not gold spans hold 0 (null). Raises ``ValueError`` for a span outside its
     document, wider than ``max_width``, with a label below 1 (or above ``n_labels``), or
