@@ -5,7 +5,8 @@ docs/*.md and research/README.md, the inline code of those files that gives a sc
 arguments, the usage lines of the scripts' docstrings (what ``--help`` shows) and the scripts of
 project.yml and research/project.yml. For each one that runs a script of this repository or
 ``python -m spacy_fsemicrf``, the script exists and its own argparse parser accepts the
-arguments (tests/argparse_only.py parses them without running anything after the parse); a
+arguments (tests/argparse_only.py parses them without running anything after the parse), and
+the options of a synopsis's optional groups (``[--workers N]``) are options it knows; a
 ``spacy project run`` names a command or workflow of that project and only variables it has; a
 ``spacy train`` config exists. In project.yml, every dependency exists or is an output of a
 command. Nothing is trained or timed.
@@ -103,6 +104,14 @@ def expand(token: str, variables: Dict[str, str]) -> List[str]:
 def python_argvs(line: str, variables: Dict[str, str]) -> Iterator[List[str]]:
     """The arguments of each ``python`` in a shell line; assignments ``VAR=value`` on their
     own are recorded in ``variables``."""
+    commands = list(python_commands(line, variables))
+    # a synopsis (``[--option VALUE]``) is not a command line: synopsis_probes reads it
+    if "[" not in line:
+        yield from commands
+
+
+def python_commands(line: str, variables: Dict[str, str]) -> Iterator[List[str]]:
+    """:func:`python_argvs`, synopses included."""
     line = re.sub(r"\$\([^)]*\)", "SUBST", line)  # command substitution: a placeholder word
     lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
     lexer.whitespace_split, lexer.commenters = True, "#"
@@ -118,9 +127,32 @@ def python_argvs(line: str, variables: Dict[str, str]) -> Iterator[List[str]]:
                 name, value = command[0].split("=", 1)
                 variables[name] = value
             command = command[1:]
-        # a synopsis (``[--option VALUE]``) is not a command line
-        if command and re.search(r"(^|/)python3?$", command[0]) and "[" not in line:
+        if command and re.search(r"(^|/)python3?$", command[0]):
             yield [word for token in command[1:] for word in expand(token, variables)]
+
+
+def synopsis_probes(line: str) -> Iterator[List[str]]:
+    """For each ``python`` of a synopsis, a line with optional groups (``[--workers N]``): the
+    arguments outside the groups with those of one group added, for each group that names an
+    option (the words of a group go in as written, ``...`` left out)."""
+    if "[" not in line:
+        return
+    for argv in python_commands(line, {}):
+        base: List[str] = []
+        groups: List[List[str]] = []
+        depth = 0
+        for part in (p for word in argv for p in re.findall(r"\[|\]|[^\[\]]+", word)):
+            if part == "[":
+                depth += 1
+                if depth == 1:
+                    groups.append([])
+            elif part == "]":
+                depth -= 1
+            elif part != "...":
+                (groups[-1] if depth else base).append(part)
+        for group in groups:
+            if any(word.startswith("--") for word in group):
+                yield base + group
 
 
 def documented_commands() -> List[Command]:
@@ -166,18 +198,35 @@ def script_of(command: Command) -> Optional[Path]:
     return None if first.startswith("-") else (command.cwd / first).resolve()
 
 
+def documented_synopses() -> List[Command]:
+    """A probe (:func:`synopsis_probes`) of each optional group of the synopses of the documents
+    and of the scripts' docstrings."""
+    found = []
+    for path, cwd in markdown_files():
+        text, name = path.read_text(), str(path.relative_to(ROOT))
+        for number, line in [*fenced_shell_lines(text), *inline_commands(text)]:
+            found += [Command(f"{name}:{number}", cwd, argv) for argv in synopsis_probes(line)]
+    for folder in SCRIPT_DIRS:
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for number, line in docstring_commands(path):
+                found += [Command(f"{path.relative_to(ROOT)}:{number}", ROOT, argv)
+                          for argv in synopsis_probes(line)]
+    return found
+
+
 def parsed_commands() -> List[Command]:
     """The commands tests/argparse_only.py can check: this repository's scripts that parse
     their arguments with argparse, and ``python -m spacy_fsemicrf``."""
-    checked = []
-    for command in documented_commands():
-        script = script_of(command)
-        if script is None:
-            if command.argv[:2] == ["-m", "spacy_fsemicrf"]:
-                checked.append(command)
-        elif script.is_file() and PARSES.search(script.read_text()):
-            checked.append(command)
-    return checked
+    return [command for command in documented_commands() if parses(command)]
+
+
+def parses(command: Command) -> bool:
+    """Whether tests/argparse_only.py can check ``command``: it runs a script of this repository
+    that parses its arguments with argparse, or ``python -m spacy_fsemicrf``."""
+    script = script_of(command)
+    if script is None:
+        return command.argv[:2] == ["-m", "spacy_fsemicrf"]
+    return script.is_file() and bool(PARSES.search(script.read_text()))
 
 
 def parse_statuses(commands: List[Command]) -> List[str]:
@@ -214,6 +263,21 @@ def test_documented_commands_parse():
     failed = [f"{describe(c)}\n    {s}" for c, s in zip(commands, parse_statuses(commands))
               if s != "ok"]
     assert not failed, "commands their script does not accept:\n" + "\n".join(failed)
+
+
+# what a probe's parser may say to a placeholder such as ``N`` or to an option without its
+# value: the option is known
+VALUE_ERROR = re.compile(r"invalid .*value|invalid choice|expected (one|at least one) argument")
+
+
+def test_synopsis_options_are_options_of_their_script():
+    """Each optional group of a synopsis names options its script knows (the placeholders of
+    their values may be refused as values)."""
+    probes = [c for c in documented_synopses() if parses(c)]
+    assert len(probes) > 10
+    failed = [f"{describe(c)}\n    {s}" for c, s in zip(probes, parse_statuses(probes))
+              if s != "ok" and not VALUE_ERROR.search(s)]
+    assert not failed, "synopses their script does not accept:\n" + "\n".join(failed)
 
 
 def project_of(command: Command) -> Path:
@@ -271,6 +335,11 @@ def test_shell_line_extraction():
     got = [argv for line in lines for argv in python_argvs(line, variables)]
     assert got == [["scripts/t.py", "$c", "--m", "a=x", "b=y"],
                    ["-m", "spacy_fsemicrf", "annotate", "M", "I", "out/o"]]
+    synopsis = "python -m m A [--n N] [B ...] [--f] [--s S [--t]] && python c.py [--x]"
+    assert list(synopsis_probes(synopsis)) == [
+        ["-m", "m", "A", "--n", "N"], ["-m", "m", "A", "--f"],
+        ["-m", "m", "A", "--s", "S", "--t"], ["c.py", "--x"]]
+    assert list(python_argvs(synopsis, {})) == []
     block = "text\n```bash\npython a.py \\\n    --x 1\n```\n`python scripts/b.py --y 2`"
     assert [shlex.split(line) for _, line in fenced_shell_lines(block)] == [
         ["python", "a.py", "--x", "1"]]
