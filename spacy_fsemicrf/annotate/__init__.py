@@ -1,7 +1,7 @@
 """Annotate a corpus at scale with any spaCy pipeline, on Dask distributed.
 
     python -m spacy_fsemicrf annotate MODEL INPUT OUTPUT [--workers N] [--scheduler ADDRESS]
-        [--batch-size B] [--shard-size S]
+        [--batch-size B] [--shard-size S] [--update] [--no-progress]
 
 :mod:`.inputs` reads INPUT and splits it into shards, :mod:`.shards` writes OUTPUT,
 :mod:`.engine` runs one Dask task per shard (the only module that needs Dask, the
