@@ -76,13 +76,26 @@ class HeadShim(PyTorchShim):
         which cost a one-document prediction several percent: where the first parameter
         lives (its module and name) is looked up once per head, and read from there (moving
         the head may replace the parameter objects, not the modules that hold them)."""
+        param = self._first_parameter()
+        return get_torch_default_device() if param is None else param.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision of the head's parameters: float32, unless the head was converted
+        (``torch_head.double()``), in which case its token vectors are converted too."""
+        param = self._first_parameter()
+        return torch.float32 if param is None else param.dtype
+
+    def _first_parameter(self) -> Optional[torch.Tensor]:
+        """The head's first parameter (None for a head without any), found as :attr:`device`
+        says."""
         cached = self._first_param
         if cached is None or cached[0] is not self._model:
             name = next((n for n, _ in self._model.named_parameters()), "")
             owner = self._model.get_submodule(name.rpartition(".")[0]) if name else None
             cached = self._first_param = (self._model, owner, name.rpartition(".")[2])
         _, owner, attr = cached
-        return get_torch_default_device() if owner is None else getattr(owner, attr).device
+        return None if owner is None else getattr(owner, attr)
 
     def begin_update(self, inputs: ArgsKwargs):
         output, backprop = super().begin_update(inputs)
@@ -268,9 +281,11 @@ def _pad_words(words: Sequence, lengths: numpy.ndarray, max_len: int) -> numpy.n
 def _to_torch_args(
     model: Model, inputs: HeadInput, lengths: numpy.ndarray, is_train: bool
 ) -> ArgsKwargs:
-    device = model.shims[0].device
+    device, dtype = model.shims[0].device, model.shims[0].dtype
     padded = _pad(model, inputs.Xs, lengths)
     Xt = _as_tensor(padded, device)
+    if Xt.dtype != dtype:  # a head converted to another precision (torch_head.double())
+        Xt = Xt.to(dtype)
     if is_train:
         Xt.requires_grad_()
     lengths_t = _as_tensor(numpy.asarray(lengths, dtype="int64"), device)
@@ -330,6 +345,8 @@ def _loss(model: Model, inputs: HeadInput, lengths: numpy.ndarray, is_train: boo
         dXt = torch_backprop(grads).args[0]
         if dXt is None:
             return [ops.alloc2f(*x.shape) for x in Xs]
+        if dXt.dtype != torch.float32:  # a converted head's: the tok2vec's are float32
+            dXt = dXt.float()
         dX = torch2xp(dXt)
         out = []
         for i, x in enumerate(Xs):

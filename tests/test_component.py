@@ -417,6 +417,24 @@ def test_torch_head_is_the_module_that_predicts(trained_nlp):
     assert head is ner.model.get_ref("head").shims[0]._model
 
 
+def test_a_head_converted_to_double_predicts_and_trains(trained_nlp):
+    import copy
+
+    import torch
+
+    nlp = copy.deepcopy(trained_nlp)
+    texts = [text for text, _ in TRAIN_DATA]
+    expected = predicted_set(trained_nlp.pipe(texts))
+    nlp.get_pipe("fsemicrf_ner").torch_head.double()
+    assert predicted_set(nlp.pipe(texts)) == expected
+    # the loss and its gradient, back to the float32 tok2vec (Thinc's optimizers update
+    # float32 weights only)
+    losses = nlp.update(make_examples(nlp), sgd=False, losses={})
+    assert math.isfinite(losses["fsemicrf_ner"]) and losses["fsemicrf_ner"] > 0
+    head = nlp.get_pipe("fsemicrf_ner").torch_head
+    assert all(p.dtype == torch.float64 for p in head.parameters())
+
+
 def test_uninitialized_pipeline_round_trip(tmp_path):
     nlp = spacy.blank("en")
     nlp.add_pipe("fsemicrf_ner")
