@@ -677,3 +677,37 @@ def test_a_half_precision_node_at_minus_infinity_is_on_no_path():
     assert got.float().item() == pytest.approx(want.item(), abs=1e-2)
     marginals = filtered_marginals(scores.half(), mask)
     assert not marginals.isnan().any() and marginals[0, 0, 1].item() == 0.0
+
+
+@pytest.mark.parametrize("lengths, error, message", [
+    ([5, 9], ValueError, "^lengths must lie between 0 and the 5 token rows of the local "
+                         "scores, got 9$"),
+    ([5, -1], ValueError, "^lengths must lie between 0 and the 5 token rows of the local "
+                          "scores, got -1$"),
+    ([5], ValueError, r"^lengths must be \[B\], one per document of the local scores \(2\), "
+                      r"got \(1,\)$"),
+    ([4.5, 3.0], ValueError, "^lengths must be an integer tensor, got torch.float32$"),
+])
+def test_filtering_takes_lengths_inside_the_local_scores_only(lengths, error, message):
+    """A length past the scores' rows kept spans past the grid as nodes (decoded as entities
+    on tokens the document does not have), a negative one read the document as empty, and a
+    length of 4.5 kept the spans ending on token 4."""
+    local = torch.zeros((2, 5, 3, 3))
+    local[..., 1] = 1.0  # every candidate span is kept
+    gold = torch.zeros((2, 5, 3), dtype=torch.long)
+    for call in (lambda x: inference_nodes(local, x),
+                 lambda x: inference_node_set(local, local, x),
+                 lambda x: training_nodes(local, x, gold)):
+        with pytest.raises(error, match=message):
+            call(torch.tensor(lengths))
+        with pytest.raises(TypeError, match="^lengths must be an integer tensor, got list$"):
+            call([5, 3])
+        mask, _ = inference_nodes(local, torch.tensor([5, 3]))
+        assert int(mask.sum()) == 12 + 6  # the valid lengths' candidates
+
+
+def test_filtering_needs_a_null_and_a_label_column():
+    """Scores with the null column only raised an IndexError from amax."""
+    with pytest.raises(ValueError, match=r"^local scores must be \[B, L, K, C\], C >= 2 \(null "
+                                         r"and at least one label\), got \(1, 4, 2, 1\)$"):
+        inference_nodes(torch.zeros((1, 4, 2, 1)), torch.tensor([4]))

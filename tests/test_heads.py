@@ -818,6 +818,37 @@ def test_decode_takes_integer_lengths_only(name):
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))
+def test_decode_takes_lengths_inside_the_scores_only(name):
+    """``decode`` is public: a length past the rows of the scores made the filtered head and
+    the linear CRF decode entities past them and the semi-CRF raise an IndexError, and a
+    negative one was read as an empty document."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K).eval()
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 5])
+    with torch.no_grad():
+        if name == "FilteredSemiCRF":
+            local, glob = head.span_scores(X, lengths)
+            local[..., 1] += 100.0  # every candidate span an entity: the filter keeps them all
+            decode, what = functools.partial(head.decode, local, glob), "the local scores"
+        elif name == "SemiCRF":
+            decode = functools.partial(head.decode, head.span_scores(X, lengths))
+            what = "the scores"
+        else:
+            decode = functools.partial(head.decode, head.emissions(X, lengths))
+            what = "the emissions"
+        for bad, shown in (([5, 9], 9), ([-1, 5], -1)):
+            with pytest.raises(ValueError, match=f"^lengths must lie between 0 and the 5 token "
+                                                 f"rows of {what}, got {shown}$"):
+                decode(torch.tensor(bad))
+        with pytest.raises(ValueError, match=rf"^lengths must be \[B\], one per document of "
+                                             rf"{what} \(2\), got \(1,\)$"):
+            decode(torch.tensor([5]))
+        with pytest.raises(TypeError, match="^lengths must be an integer tensor, got list$"):
+            decode([5, 5])
+        assert decode(torch.tensor([5, 3])).spans[:, 2].max() <= 4
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
 def test_gold_rows_that_are_not_whole_numbers_are_a_clear_error(name):
     """Float gold rows were truncated: (0, 0.5, 1, 1) trained on the span 0..1."""
     torch.manual_seed(0)

@@ -35,7 +35,7 @@ from .compaction import (
     HostClusters, HostLogPartition, ScanBlock, compact, disjoint, solve_host, to_device,
 )
 from .semiring import lse, logaddexp, masked_fill_neg, neg_value
-from .spans import overlap_mask, span_ends
+from .spans import check_lengths, overlap_mask, span_ends
 
 
 # ----------------------------------------------------------------------------- node sets
@@ -129,7 +129,13 @@ def _filter(
     """``(index [n], labels [n])``: the candidate spans whose best entity label scores above
     null minus ``margin`` (with 0, those whose local argmax is not null), as flat grid indices
     (in grid order), and that best entity label."""
+    if local_scores.dim() != 4 or local_scores.shape[-1] < 2:
+        raise ValueError(
+            f"local scores must be [B, L, K, C], C >= 2 (null and at least one label), got "
+            f"{tuple(local_scores.shape)}"
+        )
     B, L, K, C = local_scores.shape
+    check_lengths(lengths, (B, L), "the local scores")
     planes = label_planes(local_scores)
     # amax + a comparison over whole planes is several times faster than argmax over the label
     # axis on CPU; argmax then runs on the kept spans only. Ties go to null, as with argmax.

@@ -58,6 +58,7 @@ from .semiring import masked_fill_neg
 from .spans import (
     SpanFeaturizer,
     boundary_neighbors,
+    check_lengths,
     document_mean,
     gold_label_grid,
     grid_chunks,
@@ -86,29 +87,14 @@ def _wide(scores: torch.Tensor) -> torch.Tensor:
 
 def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
     """A ``ValueError`` unless ``X`` is ``[B, L, D]`` and ``lengths`` ``[B]`` integers, each
-    length between 0 and ``L``."""
+    length between 0 and ``L`` (:func:`~.spans.check_lengths`)."""
+    check_lengths(lengths)
     if X.dim() != 3 or lengths.dim() != 1 or lengths.shape[0] != X.shape[0]:
         raise ValueError(
             f"token vectors must be [B, L, D] and lengths [B], one per document, got "
             f"{tuple(X.shape)} and {tuple(lengths.shape)}"
         )
-    check_lengths(lengths)
-    if lengths.shape[0]:
-        values = lengths.tolist()  # a microsecond for one document, where aminmax takes four
-        low, high = min(values), max(values)
-        if low < 0 or high > X.shape[1]:
-            raise ValueError(
-                f"lengths must lie between 0 and the {X.shape[1]} token rows of X, got "
-                f"{low if low < 0 else high}"
-            )
-
-
-def check_lengths(lengths: torch.Tensor) -> None:
-    """A ``ValueError`` unless ``lengths`` is an integer tensor: a fractional length would end a
-    document at a different token in each mask (the filtered head's candidates took the token
-    past a length of 4.5)."""
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    check_lengths(lengths, tuple(X.shape[:2]), "X")
 
 
 def check_scores(scores: torch.Tensor) -> None:
@@ -496,7 +482,7 @@ class FilteredSemiCRFHead(nn.Module):
     ) -> Prediction:
         """The best path of the filtered graph of ``filter_margin`` and what ``options`` asks
         for besides, from the local and global span scores ``[B, L, K, C]``."""
-        check_lengths(lengths)  # (decode is public: forward has checked its own)
+        # (decode is public: the filter checks the lengths against the scores)
         nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         T = self._transitions()
         if self.null_tokens:
@@ -655,7 +641,7 @@ class SemiCRFHead(nn.Module):
     ) -> Prediction:
         """The best segmentation under the segment ``scores [B, L, K, C]`` and what
         ``options`` asks for besides."""
-        check_lengths(lengths)
+        check_lengths(lengths, tuple(scores.shape[:2]), "the scores")
         check_scores(scores)
         T = None if self.transitions is None else _wide(self.transitions.detach())
         spans, best = semicrf_viterbi(scores, lengths, T)
@@ -756,7 +742,7 @@ class LinearCRFHead(nn.Module):
     ) -> Prediction:
         """The best valid tag sequence under ``emissions [B, L, n_tags]``, as entities, and
         what ``options`` asks for besides."""
-        check_lengths(lengths)
+        check_lengths(lengths, tuple(emissions.shape[:2]), "the emissions")
         check_scores(emissions)
         T = _wide(self.transitions.detach())
         allowed = self.allowed.to(emissions.device)

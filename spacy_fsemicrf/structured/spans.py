@@ -30,6 +30,37 @@ SPAN_REPRS = (
 )
 
 
+def check_lengths(
+    lengths: torch.Tensor, shape: Optional[Tuple[int, int]] = None, what: str = "X"
+) -> None:
+    """A ``TypeError`` unless ``lengths`` is a tensor and a ``ValueError`` unless it holds
+    integers: a fractional length would end a document at a different token in each mask (the
+    filtered head's candidates took the token past a length of 4.5). With ``shape`` ``(B, L)``,
+    the batch and token rows of ``what``, also a ``ValueError`` unless ``lengths`` is ``[B]``
+    with each length between 0 and ``L``: a longer one let a decoder put an entity past the
+    rows, a negative one read its document as empty."""
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError(f"lengths must be an integer tensor, got {type(lengths).__name__}")
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    if shape is None:
+        return
+    batch, rows = shape
+    if tuple(lengths.shape) != (batch,):
+        raise ValueError(
+            f"lengths must be [B], one per document of {what} ({batch}), got "
+            f"{tuple(lengths.shape)}"
+        )
+    if batch:
+        values = lengths.tolist()  # a microsecond for one document, where aminmax takes four
+        low, high = min(values), max(values)
+        if low < 0 or high > rows:
+            raise ValueError(
+                f"lengths must lie between 0 and the {rows} token rows of {what}, got "
+                f"{low if low < 0 else high}"
+            )
+
+
 def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tensor:
     """``BoolTensor[B, L, K]``: which grid entries are candidate spans of their document, for
     documents of ``lengths [B]`` padded to ``L = length`` tokens and spans of up to
