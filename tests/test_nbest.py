@@ -119,3 +119,17 @@ def test_k_below_one_is_the_same_clear_error_for_every_head(k):
     with pytest.raises(ValueError, match=f"^k must be >= 1, got {k}$"):
         crf_nbest(torch.zeros(1, 3, scheme.n_tags), torch.zeros(scheme.n_tags + 1,
                   scheme.n_tags + 1), lengths, scheme, k)
+
+
+def test_an_empty_batch_has_no_segmentations_for_every_head():
+    """The semi-CRF's and the linear CRF's searches raised an IndexError on a batch of no
+    documents, where the filtered head's returned an empty list."""
+    scheme = tag_scheme(2, "BIO")
+    lengths = torch.zeros((0,), dtype=torch.long)
+    assert semicrf_nbest(torch.zeros(0, 3, 2, 3), lengths, None, 2) == []
+    T = torch.zeros(scheme.n_tags + 1, scheme.n_tags + 1)
+    assert crf_nbest(torch.zeros(0, 3, scheme.n_tags), T, lengths, scheme, 2) == []
+    nodes = filtered.inference_node_set(torch.zeros(0, 3, 2, 3), torch.zeros(0, 3, 2, 3), lengths)
+    assert filtered_nbest(nodes, lengths, None, 2) == []
+    with pytest.raises(ValueError, match="^k must be >= 1, got 0$"):
+        semicrf_nbest(torch.zeros(0, 3, 2, 3), lengths, None, 0)

@@ -68,6 +68,8 @@ def lattice_search(
     if automaton is None:
         symbols = numpy.zeros_like(symbols)
     B, L, W, C = scores.shape
+    if B == 0:  # (an empty batch's arrays would lose their integer types on the way)
+        return []
     S = auto.n_states
     T = numpy.zeros((C + 1, C + 1))
     if transitions is not None:
