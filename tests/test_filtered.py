@@ -711,3 +711,25 @@ def test_filtering_needs_a_null_and_a_label_column():
     with pytest.raises(ValueError, match=r"^local scores must be \[B, L, K, C\], C >= 2 \(null "
                                          r"and at least one label\), got \(1, 4, 2, 1\)$"):
         inference_nodes(torch.zeros((1, 4, 2, 1)), torch.tensor([4]))
+
+
+@pytest.mark.parametrize("use_t", [False, True])
+def test_bfloat16_scores_are_solved_in_their_precision(use_t):
+    """NumPy has no bfloat16: the host solver of cliques and small clusters raised a
+    TypeError on bfloat16 scores, which float16 ones pass."""
+    lengths, mask, scores, labels, T = random_nodes(1, 3, 6, 3, 3, 0.5)
+    T = T.float() if use_t else None
+    low = scores.bfloat16()
+    want_log_z = filtered_log_partition(low.double(), mask, labels, T)
+    x = low.clone().requires_grad_(True)
+    log_z = filtered_log_partition(x, mask, labels, T)
+    log_z.sum().backward()
+    assert log_z.dtype == x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(log_z.double(), want_log_z, atol=0.05, rtol=0.02)
+    want = filtered_marginals(low.double(), mask, labels, T)
+    marginals = filtered_marginals(low, mask, labels, T)
+    assert marginals.dtype == torch.bfloat16
+    torch.testing.assert_close(marginals.double(), want, atol=0.05, rtol=0.0)
+    torch.testing.assert_close(x.grad.double(), want, atol=0.05, rtol=0.0)
+    best, _ = filtered_viterbi(low, mask, labels, T)
+    assert torch.equal(best, filtered_viterbi(low.double(), mask, labels, T)[0])

@@ -243,6 +243,13 @@ def to_device(x: numpy.ndarray, device: torch.device) -> torch.Tensor:
     return out if device.type == "cpu" else out.to(device)
 
 
+def host_array(x: torch.Tensor) -> numpy.ndarray:
+    """Scores as a NumPy array of their own precision, for the host solver; bfloat16, which
+    NumPy has not, in float32."""
+    x = x.detach().cpu()
+    return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+
+
 def to_host(x: Optional[torch.Tensor]) -> Optional[numpy.ndarray]:
     """A tensor as a float64 NumPy array (None stays None), for the searches run on the host."""
     return None if x is None else x.detach().double().cpu().numpy()
@@ -435,10 +442,10 @@ class HostLogPartition(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: torch.Tensor, host: HostClusters, n_docs: int) -> torch.Tensor:
-        solution = solve_host(host, scores.detach().cpu().numpy(), n_docs, False, True)
-        ctx.save_for_backward(torch.from_numpy(solution.marginals).to(scores.device))
+        solution = solve_host(host, host_array(scores), n_docs, False, True)
+        ctx.save_for_backward(torch.from_numpy(solution.marginals).to(scores.device, scores.dtype))
         ctx.node_doc = host.node_doc
-        return torch.from_numpy(solution.totals).to(scores.device)
+        return torch.from_numpy(solution.totals).to(scores.device, scores.dtype)
 
     @staticmethod
     def backward(ctx, grad_totals: torch.Tensor):

@@ -32,7 +32,8 @@ import numpy
 import torch
 
 from .compaction import (
-    HostClusters, HostLogPartition, ScanBlock, compact, disjoint, solve_host, to_device,
+    HostClusters, HostLogPartition, ScanBlock, compact, disjoint, host_array, solve_host,
+    to_device,
 )
 from .semiring import lse, logaddexp, masked_fill_neg, neg_value
 from .spans import check_lengths, overlap_mask, span_ends
@@ -475,12 +476,12 @@ def _solve(
     if mode == "log_z":
         totals = HostLogPartition.apply(host_scores, host, B)
     else:
-        solved = solve_host(host, host_scores.detach().cpu().numpy(), B, want_best, want_marginals)
-        totals = torch.from_numpy(solved.totals).to(device)
+        solved = solve_host(host, host_array(host_scores), B, want_best, want_marginals)
+        totals = torch.from_numpy(solved.totals).to(device, scores.dtype)
         if want_best:
             best = _from_host(solved.best, host, n, device)
         if want_marginals:
-            marginals = _from_host(solved.marginals, host, n, device)
+            marginals = _from_host(solved.marginals, host, n, device).to(scores.dtype)
     if comp.blocks:
         labels = torch.zeros_like(index) if labels is None else labels
         present = torch.ones_like(index, dtype=torch.bool)
