@@ -298,6 +298,24 @@ def test_word_pool_adds_the_projected_mean_of_each_words_mentions():
     assert (got[1, 3:] == 0).all()
 
 
+@pytest.mark.parametrize("words, error, shown", [
+    (torch.zeros((2, 4), dtype=torch.long), ValueError, r"got \(2, 4\) torch.int64$"),
+    (torch.zeros((2, 6), dtype=torch.long), ValueError, r"got \(2, 6\) torch.int64$"),
+    (torch.tensor([[1.2, 1.7, 3.0, 1.2, 0.0]] * 2), ValueError, r"got \(2, 5\) torch.float32$"),
+    ([[7, 3, 7, 7, 1], [3, 3, 2, 9, 9]], TypeError, "got list$"),
+])
+def test_word_ids_that_are_not_one_integer_per_token_row_are_a_clear_error(words, error, shown):
+    """Word ids of another shape pooled each token with the ids of other rows (the flat
+    positions of a [2, 5] batch read into a [2, 4] array), float ids were truncated (1.2 and
+    1.7 were one word) and a list raised an AttributeError."""
+    pool = WordPool(4, enabled=True)
+    X, lengths = torch.randn(2, 5, 4), torch.tensor([5, 3])
+    with pytest.raises(error, match=r"^words must be an integer tensor \[B, L\]"):
+        pool(X, lengths, words)
+    with pytest.raises(error, match=shown):
+        pool(X, lengths, words)
+
+
 def test_context_widths_layers_and_edge_lengths():
     """D // 2 units per direction (at least one), one LSTM layer per unit of depth, the identity
     by default; an empty batch, a one-token document and a batch shorter than its padding keep

@@ -74,4 +74,12 @@ class WordPool(nn.Module):
             return X
         if words is None:
             raise ValueError("A head with word_pool needs the word ids of the tokens (words=...)")
+        if not isinstance(words, torch.Tensor):
+            raise TypeError(f"words must be an integer tensor [B, L], got {type(words).__name__}")
+        if words.is_floating_point() or words.is_complex() or words.shape != X.shape[:2]:
+            # (another shape pooled tokens with the word ids of others; 1.2 and 1.7 were one id)
+            raise ValueError(
+                f"words must be an integer tensor [B, L], one id per token row of the "
+                f"{tuple(X.shape)} vectors, got {tuple(words.shape)} {words.dtype}"
+            )
         return X + self.proj(same_word_mean(X, words, lengths))
