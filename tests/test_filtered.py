@@ -733,3 +733,17 @@ def test_bfloat16_scores_are_solved_in_their_precision(use_t):
     torch.testing.assert_close(x.grad.double(), want, atol=0.05, rtol=0.0)
     best, _ = filtered_viterbi(low, mask, labels, T)
     assert torch.equal(best, filtered_viterbi(low.double(), mask, labels, T)[0])
+
+
+def test_a_nan_margin_is_a_clear_error():
+    """A NaN margin kept no span (every comparison with NaN is false): a head given
+    filter_margin=nan decoded no entity, and one built with train_margin=nan trained on the
+    gold spans alone, without a word."""
+    local, lengths = torch.randn((1, 4, 2, 3)), torch.tensor([4])
+    gold = torch.zeros((1, 4, 2), dtype=torch.long)
+    for call in (lambda m: inference_nodes(local, lengths, m),
+                 lambda m: inference_node_set(local, local, lengths, m),
+                 lambda m: training_nodes(local, lengths, gold, margin=m)):
+        with pytest.raises(ValueError, match="^the filter's margin must be a number, got nan$"):
+            call(float("nan"))
+        call(float("inf"))  # keeps every span

@@ -135,6 +135,8 @@ def _filter(
             f"local scores must be [B, L, K, C], C >= 2 (null and at least one label), got "
             f"{tuple(local_scores.shape)}"
         )
+    if bool(margin != margin):  # NaN: every comparison false, no span kept
+        raise ValueError(f"the filter's margin must be a number, got {margin}")
     B, L, K, C = local_scores.shape
     check_lengths(lengths, (B, L), "the local scores")
     planes = label_planes(local_scores)
