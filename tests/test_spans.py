@@ -32,6 +32,18 @@ def test_span_mask_counts_the_candidates():
             assert i + w < n
 
 
+def test_masks_and_gold_grids_take_integer_lengths_only():
+    """A length of 4.5 made the spans ending on token 4 candidates, and took a gold span
+    there; a list raised an AttributeError."""
+    gold = torch.tensor([[0, 4, 4, 1]])
+    for call in (lambda x: span_mask(x, 5, 3), lambda x: gold_label_grid(gold, x, 5, 3)):
+        with pytest.raises(ValueError, match="^lengths must be an integer tensor, got "
+                                             "torch.float32$"):
+            call(torch.tensor([4.5]))
+        with pytest.raises(TypeError, match="^lengths must be an integer tensor, got list$"):
+            call([5])
+
+
 def test_gold_label_grid_places_labels_and_rejects_bad_spans():
     lengths = torch.tensor([5, 3])
     gold = torch.tensor([[0, 0, 1, 2], [0, 3, 3, 1], [1, 1, 2, 1]])

@@ -63,8 +63,10 @@ def check_lengths(
 
 def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tensor:
     """``BoolTensor[B, L, K]``: which grid entries are candidate spans of their document, for
-    documents of ``lengths [B]`` padded to ``L = length`` tokens and spans of up to
-    ``K = max_width`` tokens (entry ``[b, i, w]``: tokens ``i..i + w``)."""
+    documents of ``lengths [B]`` (an integer tensor, :func:`check_lengths`) padded to
+    ``L = length`` tokens and spans of up to ``K = max_width`` tokens (entry ``[b, i, w]``:
+    tokens ``i..i + w``)."""
+    check_lengths(lengths)
     ends = span_ends(length, max_width, lengths.device)
     return ends.unsqueeze(0) < lengths.view(-1, 1, 1)
 
@@ -102,6 +104,7 @@ def gold_label_grid(
     overlapping another gold span (:func:`check_gold_spans`): the structured heads assume a
     valid segmentation, and a silent drop would hide a data bug.
     """
+    check_lengths(lengths)  # (a length of 4.5 would take a gold span ending on token 4)
     grid = torch.zeros(
         (lengths.shape[0], length, max_width), dtype=torch.long, device=lengths.device
     )
