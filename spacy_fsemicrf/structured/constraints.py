@@ -28,7 +28,7 @@ and flags, so an exact search over (position, state) enforces them with no relax
 two are enforced by removing the items (nodes, segments, tags) that contradict them.
 """
 import operator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from functools import lru_cache
 from typing import (
     Callable, ClassVar, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, Union)
@@ -226,10 +226,11 @@ def parse_constraint(item: Union[Dict, Constraint]) -> Constraint:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"{kind}: unknown key(s) {unknown}; expected {sorted(names)}")
-    try:
-        return cls(**data)
-    except TypeError as err:  # a required key is missing
-        raise ValueError(f"{kind}: {err}") from None
+    missing = sorted(f.name for f in fields(cls) if f.name not in data
+                     and f.default is MISSING and f.default_factory is MISSING)
+    if missing:
+        raise ValueError(f"{kind}: missing key(s) {missing}; expected {sorted(names)}")
+    return cls(**data)
 
 
 def parse_constraints(items: Optional[Iterable[Union[Dict, Constraint]]]) -> Tuple[Constraint, ...]:
