@@ -882,7 +882,7 @@ def test_search_gives_one_best_path_by_default_and_the_automaton_states():
     automaton = compile_constraints([AtMost("A", 1)], ["A"]).automaton
     found = search(graph, None, automaton, sentence)
     assert [p.items for p in found.paths] == [(1,)] and found.states == automaton.n_states > 1
-    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="k must be an integer >= 1, got 0"):
         search(graph, None, None, sentence, k=0)
 
 

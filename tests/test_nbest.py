@@ -4,6 +4,7 @@ and the probability ``exp(score - log Z)``."""
 import math
 import random
 
+import numpy
 import pytest
 import torch
 from hypothesis import given, settings
@@ -110,15 +111,23 @@ def test_crf_nbest(seed, k, scheme_name):
         check_ranking(out[b], paths, k)
 
 
-@pytest.mark.parametrize("k", [0, -1])
-def test_k_below_one_is_the_same_clear_error_for_every_head(k):
+@pytest.mark.parametrize("k", [0, -1, 1.5, 2.0, True])
+def test_k_that_is_no_integer_from_one_is_the_same_clear_error_for_every_head(k):
+    """A float k raised a TypeError from a slice deep in the searches."""
     scheme = tag_scheme(2, "BIO")
     lengths = torch.tensor([3])
-    with pytest.raises(ValueError, match=f"^k must be >= 1, got {k}$"):
+    message = f"^k must be an integer >= 1, got {k!r}$"
+    with pytest.raises(ValueError, match=message):
         semicrf_nbest(torch.zeros(1, 3, 2, 3), lengths, None, k)
-    with pytest.raises(ValueError, match=f"^k must be >= 1, got {k}$"):
+    with pytest.raises(ValueError, match=message):
         crf_nbest(torch.zeros(1, 3, scheme.n_tags), torch.zeros(scheme.n_tags + 1,
                   scheme.n_tags + 1), lengths, scheme, k)
+    local = torch.zeros(1, 3, 2, 3)
+    local[..., 1] = 1.0  # a node on every span: one graph to search
+    nodes = filtered.inference_node_set(local, local, lengths)
+    with pytest.raises(ValueError, match=message):
+        filtered_nbest(nodes, lengths, None, k)
+    assert len(semicrf_nbest(torch.zeros(1, 3, 2, 3), lengths, None, numpy.int64(2))[0]) == 2
 
 
 def test_an_empty_batch_has_no_segmentations_for_every_head():
@@ -131,5 +140,5 @@ def test_an_empty_batch_has_no_segmentations_for_every_head():
     assert crf_nbest(torch.zeros(0, 3, scheme.n_tags), T, lengths, scheme, 2) == []
     nodes = filtered.inference_node_set(torch.zeros(0, 3, 2, 3), torch.zeros(0, 3, 2, 3), lengths)
     assert filtered_nbest(nodes, lengths, None, 2) == []
-    with pytest.raises(ValueError, match="^k must be >= 1, got 0$"):
-        semicrf_nbest(torch.zeros(0, 3, 2, 3), lengths, None, 0)
+    with pytest.raises(ValueError, match="^k must be an integer >= 1, got 0$"):
+        filtered_nbest(nodes, lengths, None, 0)

@@ -19,6 +19,7 @@ from typing import List, Optional, Tuple
 import numpy
 
 from .constraints import Automaton, no_constraints
+from .pathsearch import check_k
 
 NEG_INF = -numpy.inf
 
@@ -62,8 +63,7 @@ def lattice_search(
     where no path is accepted. ``scores [B, L, W, C]``, ``lengths [B]``, ``transitions
     [C + 1, C + 1]`` or None, ``symbols [C]``, ``sentence [B, L + 1]`` (the sentence index of
     each position, see :func:`~.constraints.sentence_index`; only up to each length is read)."""
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    check_k(k)
     auto = automaton if automaton is not None else no_constraints()
     if automaton is None:
         symbols = numpy.zeros_like(symbols)

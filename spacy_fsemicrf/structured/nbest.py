@@ -18,7 +18,7 @@ from .compaction import to_host
 from .constraints import padded_sentence_index, sentence_index
 from .lattice import lattice_search
 from .linear_crf import TagScheme, crf_log_partition
-from .pathsearch import search
+from .pathsearch import check_k, search
 from .semicrf import semicrf_log_partition
 
 Span = Tuple[int, int, int]  # (start, end inclusive, label)
@@ -49,6 +49,7 @@ def filtered_nbest(
     k: int,
 ) -> List[List[Segmentation]]:
     """The k best paths of each document's filtered graph (its kept nodes)."""
+    check_k(k)  # (also where there is no document to search)
     B, L, K = nodes.shape
     log_z = filtered.filtered_log_partition(
         nodes.grid(nodes.scores.double()), nodes.grid(), nodes.grid(nodes.labels),

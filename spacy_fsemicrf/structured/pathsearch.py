@@ -133,6 +133,13 @@ class _Problem:
         return zip(self.starts[bounds[:-1]].tolist(), bounds[:-1].tolist(), bounds[1:].tolist())
 
 
+def check_k(k: int) -> None:
+    """A ``ValueError`` unless ``k``, the number of paths a search keeps, is an integer >= 1
+    (NumPy's included): a float raised a ``TypeError`` from a slice deep in the search."""
+    if isinstance(k, bool) or not isinstance(k, (int, numpy.integer)) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+
+
 def search(
     graph: ItemGraph,
     transitions: Optional[numpy.ndarray],
@@ -145,8 +152,7 @@ def search(
     ``transitions`` is ``[H + 1, H + 1]`` (None: no transition scores); ``sentence`` is the
     sentence index of each position ``0..length`` (:func:`~.constraints.sentence_index`).
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    check_k(k)
     problem = _Problem(graph, transitions, automaton, sentence)
     found = _scan(problem, k)
     T = None if transitions is None else problem.T
