@@ -835,6 +835,26 @@ def test_decode_takes_integer_lengths_only(name):
             decode(torch.tensor([4.5]))
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"null_tokens": True}, {"mean_field": 1}])
+def test_filtered_decode_of_scores_with_a_graph_returns_no_graph(kwargs):
+    """``decode`` is public: given span scores that carry a graph (say the training step's),
+    the filtered head returned confidences and candidates holding it, where ``forward`` and
+    the other heads' ``decode`` return plain tensors."""
+    torch.manual_seed(0)
+    head = FilteredSemiCRFHead(D, M, max_width=K, **kwargs).eval()
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 3])
+    tokens, local, glob = head._encode(X, lengths)
+    assert local.requires_grad
+    local = local.detach().clone()
+    local[..., 1] += 100.0  # a node on every span, overlapping: marginals below 1
+    local.requires_grad_(True)
+    found = head.decode(local, glob, lengths, options=DecodeOptions(path=True, candidates=True),
+                        tokens=tokens)
+    assert len(found.spans) and len(found.candidates[0])
+    for out in (found.scores, found.path, found.candidates[1]):
+        assert not out.requires_grad and out.grad_fn is None
+
+
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_decode_takes_lengths_inside_the_scores_only(name):
     """``decode`` is public: a length past the rows of the scores made the filtered head and

@@ -374,8 +374,6 @@ class FilteredSemiCRFHead(nn.Module):
         tokens, local, glob = self._encode(X, lengths, words, predicting=gold is None)
         if gold is not None:
             return self.loss(local, glob, lengths, gold, tokens)
-        if torch.is_grad_enabled():  # predictions carry no graph, as the other heads'
-            local, glob, tokens = local.detach(), glob.detach(), tokens.detach()
         prediction = self.decode(local, glob, lengths, filter_margin, options or DecodeOptions(),
                                  tokens)
         return prediction if options is not None else prediction[:2]
@@ -483,6 +481,9 @@ class FilteredSemiCRFHead(nn.Module):
         """The best path of the filtered graph of ``filter_margin`` and what ``options`` asks
         for besides, from the local and global span scores ``[B, L, K, C]``."""
         # (decode is public: the filter checks the lengths against the scores)
+        if torch.is_grad_enabled():  # predictions carry no graph, as the other heads'
+            local, glob = local.detach(), glob.detach()
+            tokens = None if tokens is None else tokens.detach()
         nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
         T = self._transitions()
         if self.null_tokens:
