@@ -835,6 +835,15 @@ def test_decode_takes_integer_lengths_only(name):
             decode(torch.tensor([4.5]))
 
 
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_max_width_below_one_is_refused_by_every_head(name):
+    """The linear CRF took max_width = 0 (or -1), which bounds its candidates, and listed
+    one-token candidates all the same; the span heads refused it."""
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"^max_width must be >= 1, got {bad}$"):
+            HEADS[name](D, M, max_width=bad)
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"null_tokens": True}, {"mean_field": 1}])
 def test_filtered_decode_of_scores_with_a_graph_returns_no_graph(kwargs):
     """``decode`` is public: given span scores that carry a graph (say the training step's),

@@ -697,6 +697,8 @@ class LinearCRFHead(nn.Module):
         word_pool: bool = False,
     ) -> None:
         super().__init__()
+        if max_width < 1:  # (as the span heads': it bounds the candidates)
+            raise ValueError(f"max_width must be >= 1, got {max_width}")
         self.n_labels = n_labels
         self.max_width = max_width
         self.scheme = tag_scheme(n_labels, scheme)
