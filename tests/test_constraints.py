@@ -681,6 +681,30 @@ def test_crf_force_span_is_one_entity(scheme_name):
     assert out.reports[0].status == "optimal" and [0, 2, 1] in out.spans[:, 1:].tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_constrained_semicrf_and_crf_take_half_precision_scores(dtype):
+    """The unconstrained best scores went to NumPy as they were: bfloat16 ones, which NumPy
+    has not, raised a TypeError (float16 ones passed)."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([4, 3])
+    program = compile_constraints([AtMost("A", 0)], ["A", "B"])
+    docs = [DocConstraints(program)] * 2
+    scores = torch.randn((2, 4, 2, 3), generator=gen).masked_fill(
+        ~span_mask(lengths, 4, 2).unsqueeze(-1), -1e4)
+    scores[:, :, :, 1] += 2.0  # label A everywhere: the constraint changes the prediction
+    scheme = tag_scheme(2, "BIO")
+    emissions = torch.randn((2, 4, scheme.n_tags), generator=gen)
+    emissions[..., scheme.tag("B", 1)] += 3.0
+    T = torch.zeros((scheme.n_tags + 1, scheme.n_tags + 1))
+    for run, x in ((lambda x: semicrf_constrained(x, lengths, None, docs), scores),
+                   (lambda x: crf_constrained(x, T, lengths, scheme, docs, scheme.allowed),
+                    emissions)):
+        want, got = run(x.to(dtype).double()), run(x.to(dtype))
+        assert [r.status for r in got.reports] == ["optimal", "optimal"]
+        assert torch.equal(got.spans, want.spans)
+        assert all(label != 1 for label in got.spans[:, 3].tolist())
+
+
 def _constrained_on_four_tokens(head: str, constraints) -> ConstrainedDecode:
     """The constrained decode of one flat 4-token document (labels A and B, width 2)."""
     program = compile_constraints(constraints, ["A", "B"])

@@ -310,7 +310,7 @@ def semicrf_constrained(
 
     spans, reports = _lattice_constrained(
         host, lengths_np, to_host(transitions), numpy.arange(C), constraints,
-        _spans_by_doc(viterbi[0], B), viterbi[1].cpu().numpy(), valid, to_spans,
+        _spans_by_doc(viterbi[0], B), to_host(viterbi[1]), valid, to_spans,
     )
     return ConstrainedDecode(_as_tensor(spans, scores.device), reports)
 
@@ -348,6 +348,6 @@ def crf_constrained(
     plain = _spans_by_doc(tags_to_spans(viterbi[0], lengths, scheme), B)
     spans, reports = _lattice_constrained(
         host, lengths_np, T, itemgraphs.crf_symbols(scheme), constraints, plain,
-        viterbi[1].cpu().numpy(), valid, to_spans,
+        to_host(viterbi[1]), valid, to_spans,
     )
     return ConstrainedDecode(_as_tensor(spans, emissions.device), reports)
