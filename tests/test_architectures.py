@@ -396,3 +396,46 @@ def test_a_list_of_docs_is_a_prediction_without_gold():
     numpy.testing.assert_allclose(conf, expected_conf, rtol=1e-6)
     with pytest.raises(TypeError, match="ModelInput or a list of Docs"):
         model.predict(docs + ["not a doc"])
+
+
+def _untrained(arch=FILTERED_SEMICRF, n_labels=2, **kwargs):
+    """The model of ``arch`` on the small tok2vec, initialized for ``n_labels`` labels without
+    example documents (untrained: its predictions only have to be consistent), with the same
+    weights every time."""
+    spacy.util.fix_random_seed(0)
+    model = registry.resolve({"m": model_config(arch, dropout=0.0, **kwargs)})["m"]
+    model.set_dim("nO", n_labels)
+    model.initialize()
+    return model
+
+
+def test_initialize_without_examples_builds_the_head_on_the_declared_width():
+    """A tok2vec that declares its width (nO) needs no example documents: the head is built
+    on that width. Without nO on the model, initialize names what is missing."""
+    model = _untrained(n_labels=3)
+    head = model.get_ref("head")
+    assert (head.get_dim("nI"), head.get_dim("nO")) == (32, 3)
+    unlabelled = registry.resolve({"m": model_config()})["m"]
+    with pytest.raises(ValueError, match=(
+            r"^The fsemicrf_ner model needs its number of labels \(dimension nO\) before "
+            r"initialize: add labels to the component first\.$")):
+        unlabelled.initialize()
+
+
+def test_model_nbest_of_documents_without_tokens_and_its_default_margin():
+    """A document without tokens has one segmentation, without entities, of score and
+    log-probability 0: the same whether the batch has a document with tokens (the head's
+    answer) or none (no head call). The filter margin is 0 unless given."""
+    from spacy_fsemicrf.architectures import model_nbest
+    from spacy_fsemicrf.structured.nbest import Segmentation
+
+    nlp = spacy.blank("en")
+    empty, doc = nlp.make_doc(""), nlp.make_doc("John Smith went to London today")
+    nothing = Segmentation((), 0.0, 0.0)
+    for arch in ARCHS:
+        model = _untrained(arch)
+        assert model_nbest(model, [empty, doc], 2)[0] == [nothing], arch
+        assert model_nbest(model, [empty, empty], 2) == [[nothing], [nothing]], arch
+    model = _untrained()
+    best = model_nbest(model, [doc], 3)
+    assert best == model_nbest(model, [doc], 3, 0.0) != model_nbest(model, [doc], 3, 1.0)

@@ -416,6 +416,38 @@ def test_initialize_measures_the_width_of_a_tok2vec_that_does_not_declare_it():
     assert numpy.isfinite(ner.update(examples)["fsemicrf_ner"])
 
 
+def test_a_tok2vec_of_unknown_width_needs_documents_with_tokens_to_initialize():
+    """Without example documents with tokens the width of its vectors cannot be measured:
+    initialize says so instead of building a head of some width."""
+    tok2vec = {"@architectures": "test.Tok2VecOfUnknownWidth.v1", "width": 24}
+    model = spacy.registry.resolve({"m": model_config(tok2vec=tok2vec)})["m"]
+    model.set_dim("nO", 2)
+    with pytest.raises(ValueError, match=(
+            r"^Cannot tell the width of the token vectors: the tok2vec layer has no nO "
+            r"dimension and no non-empty example docs were given to initialize\.$")):
+        model.initialize()
+
+
+@spacy.registry.architectures("test.Tok2VecWithAProjection.v1")
+def _tok2vec_with_a_projection(width: int):
+    """The small tok2vec with a linear projection to ``width`` on top, whose input width the
+    projection learns from the documents it is initialized on (a Thinc layer without nI)."""
+    from thinc.api import Linear, chain, with_array
+
+    inner = spacy.registry.resolve({"t": model_config()["tok2vec"]})["t"]
+    return chain(inner, with_array(Linear(nO=width)))
+
+
+def test_the_tok2vec_is_initialized_on_the_example_documents():
+    """Layers that infer their input width from data get the examples' documents."""
+    tok2vec = {"@architectures": "test.Tok2VecWithAProjection.v1", "width": 20}
+    nlp, ner = _component(dropout=0.0, tok2vec=tok2vec)
+    examples = make_examples(nlp)
+    nlp.initialize(lambda: examples)
+    assert model_torch_head(ner.model).word_pool.proj.in_features == 20
+    assert numpy.isfinite(ner.update(examples)["fsemicrf_ner"])
+
+
 def test_training_dropout_reaches_the_tok2vec_inside_the_component():
     """``update(drop=...)`` sets the dropout of the thinc layers inside the component (here its
     own CNN tok2vec; the head's PyTorch dropout is the architecture's ``dropout``): the same
