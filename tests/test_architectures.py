@@ -218,6 +218,17 @@ def test_grad_scaler_settings_may_name_enabled(enabled):
     assert not scaler._enabled and float(scaler._scale) == 1024.0
 
 
+def _cpu_scaler():
+    """Thinc's gradient scaler (scale 1024) for CPU tensors, which it scales like CUDA ones."""
+    from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+
+    class CPUScaler(PyTorchGradScaler):
+        def _scale_tensor(self, tensor, scale_per_device, inplace):
+            return tensor.mul_(self._scale) if inplace else tensor * self._scale
+
+    return CPUScaler(enabled=True, init_scale=1024.0)
+
+
 def test_scaled_gradients_accumulate_unscaled_once():
     """With a gradient scaler (mixed precision), Thinc's shim unscales every gradient the head
     holds at each backprop, also those accumulated by earlier sub-batches
@@ -229,10 +240,6 @@ def test_scaled_gradients_accumulate_unscaled_once():
 
     from spacy_fsemicrf.head_model import torch_head
 
-    class CPUScaler(PyTorchGradScaler):
-        def _scale_tensor(self, tensor, scale_per_device, inplace):
-            return tensor.mul_(self._scale) if inplace else tensor * self._scale
-
     nlp = spacy.blank("en")
     ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(FILTERED_SEMICRF,
                                                                        dropout=0.0)})
@@ -242,7 +249,7 @@ def test_scaled_gradients_accumulate_unscaled_once():
     shim = next(node for node in model.walk() if node.shims).shims[0]
     head = torch_head(next(node for node in model.walk() if node.shims))
     accumulated = {}
-    for scaler in (PyTorchGradScaler(enabled=False), CPUScaler(enabled=True, init_scale=1024.0)):
+    for scaler in (PyTorchGradScaler(enabled=False), _cpu_scaler()):
         shim._grad_scaler = scaler
         for param in head.parameters():
             param.grad = None
@@ -422,6 +429,103 @@ def test_initialize_without_examples_builds_the_head_on_the_declared_width():
         unlabelled.initialize()
 
 
+def test_build_head_again_replaces_the_head_also_for_another_width():
+    """A head node built before takes a new head, of the new input width and labels."""
+    import torch
+
+    from spacy_fsemicrf.head_model import build_head, make_head_model, torch_head
+
+    model = make_head_model("FilteredSemiCRF", {"max_width": 3}, mixed_precision=False,
+                            grad_scaler=None)
+    build_head(model, 8, 2)
+    first = torch_head(model)
+    build_head(model, 16, 3)
+    assert torch_head(model) is not first
+    assert (model.get_dim("nI"), model.get_dim("nO")) == (16, 3)
+    spans, _ = torch_head(model).eval()(torch.zeros(1, 2, 16), torch.tensor([2]))
+    assert spans.shape[1] == 4  # it reads 16-wide vectors
+
+
+def test_the_gradient_of_a_prediction_is_refused():
+    model = _untrained()
+    docs = [spacy.blank("en").make_doc("Paris")]
+    _, backprop = model(ModelInput(docs), is_train=False)
+    with pytest.raises(ValueError, match=(
+            r"^Prediction output of the fsemicrf_ner model has no gradient\.$")):
+        backprop(None)
+
+
+def test_trailing_empty_documents_and_length_groups_without_word_pool():
+    """A batch whose documents with tokens come first (one length group, then empty ones),
+    and a batch of several length groups of a head without word_pool (no word ids to split
+    among the groups), predict what each document predicts alone."""
+    nlp = spacy.blank("en")
+    for word_pool in (True, False):
+        model = _untrained(word_pool=word_pool)
+        head = model.get_ref("head")
+        head.attrs["max_padded_tokens"] = 8  # several groups of these short documents
+        for texts in (["Paris is big", ""], ["Paris", "John Smith went to London today", ""]):
+            docs = [nlp.make_doc(t) for t in texts]
+            spans, scores = model.predict(ModelInput(docs))
+            alone = [model.predict(ModelInput([doc])) for doc in docs]
+            expected = [[i, *row[1:]] for i, (rows, _) in enumerate(alone) for row in rows.tolist()]
+            assert spans.tolist() == expected, (word_pool, texts)
+            numpy.testing.assert_allclose(scores, numpy.concatenate([s for _, s in alone]),
+                                          rtol=1e-4, atol=1e-5)
+
+
+def test_a_parameter_a_later_sub_batch_leaves_without_gradient_keeps_the_accumulated_one():
+    """With a gradient scaler, a head part that a sub-batch does not reach (no gradient from
+    it) keeps the gradient the earlier sub-batches accumulated."""
+    import torch
+    from thinc.api import ArgsKwargs
+
+    from spacy_fsemicrf.head_model import HeadShim
+
+    class TwoParts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.ones(2))
+            self.b = torch.nn.Parameter(torch.ones(2))
+
+        def forward(self, X, use_b):
+            loss = (self.a * X).sum() + ((self.b * X).sum() if use_b else 0.0)
+            return loss.reshape(1)
+
+    module = TwoParts()
+    shim = HeadShim(module, grad_scaler=_cpu_scaler())
+    X = torch.tensor([1.0, 2.0])
+    for use_b in (True, False):  # two sub-batches, one update
+        loss, backprop = shim.begin_update(ArgsKwargs(args=(X, use_b), kwargs={}))
+        backprop(ArgsKwargs(args=((loss,),), kwargs={"grad_tensors": (torch.ones(1),)}))
+    assert module.a.grad.tolist() == [2.0, 4.0]
+    assert module.b.grad.tolist() == [1.0, 2.0]
+
+
+def test_padded_torch_inputs_hold_only_what_every_head_call_takes():
+    """The tensors for a call outside the Thinc node (a head's nbest): the zero-padded vectors
+    (no gradient), the int64 lengths and the padded word ids; gold, margin and options are
+    left to the caller."""
+    import torch
+
+    from spacy_fsemicrf.head_model import (
+        HeadInput, build_head, make_head_model, padded_torch_inputs,
+    )
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+    model = make_head_model("FilteredSemiCRF", {"max_width": 3}, mixed_precision=False,
+                            grad_scaler=None)
+    build_head(model, 4, 2)
+    Xs = [numpy.ones((3, 4), dtype="float32"), numpy.ones((1, 4), dtype="float32")]
+    inputs = HeadInput(Xs, gold=numpy.asarray([[0, 0, 0, 1]]), words=[[5, 6, 5], [7]],
+                       filter_margin=0.5, options=DecodeOptions(path=True))
+    X, lengths, kwargs = padded_torch_inputs(model, inputs)
+    assert X.shape == (2, 3, 4) and not X.requires_grad
+    assert X[0].sum() == 12 and X[1, 0].sum() == 4 and X[1, 1:].abs().sum() == 0
+    assert lengths.dtype == torch.long and lengths.tolist() == [3, 1]
+    assert list(kwargs) == ["words"] and kwargs["words"].tolist() == [[5, 6, 5], [7, 0, 0]]
+
+
 def test_model_nbest_of_documents_without_tokens_and_its_default_margin():
     """A document without tokens has one segmentation, without entities, of score and
     log-probability 0: the same whether the batch has a document with tokens (the head's
@@ -439,3 +543,18 @@ def test_model_nbest_of_documents_without_tokens_and_its_default_margin():
     model = _untrained()
     best = model_nbest(model, [doc], 3)
     assert best == model_nbest(model, [doc], 3, 0.0) != model_nbest(model, [doc], 3, 1.0)
+
+
+def test_a_batch_left_out_of_the_loss_gives_no_gradient():
+    """Documents with tokens, all masked out of the loss: zero loss, zero gradients for the
+    tok2vec and none for the head, whose weights an optimizer step then leaves alone."""
+    from spacy_fsemicrf.architectures import model_torch_head
+
+    nlp = spacy.blank("en")
+    docs = [nlp.make_doc("Paris is big"), nlp.make_doc("John went")]
+    model = _untrained()
+    none = numpy.zeros((0, 4), dtype="int64")
+    loss, backprop = model.begin_update(ModelInput(docs, none, numpy.asarray([False, False])))
+    assert loss == 0.0
+    backprop(1.0)
+    assert all(p.grad is None for p in model_torch_head(model).parameters())

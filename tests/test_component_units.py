@@ -88,6 +88,7 @@ def test_get_loss_is_the_update_loss_and_leaves_out_unannotated_docs(initialized
     assert gradient == 0.0 and loss > 0
     assert ner.get_loss(examples, None)[0] == pytest.approx(loss, rel=1e-5)
     assert ner.update(examples, drop=0.0)["fsemicrf_ner"] == pytest.approx(loss, rel=1e-5)
+    assert ner.get_loss([unannotated, unannotated], None) == (0.0, 0.0)  # nothing to learn
 
 
 def test_documents_without_tokens_predict_nothing_with_the_usual_types(initialized):
