@@ -14,6 +14,7 @@ from spacy.training import Example
 from thinc.api import Model
 
 from spacy_fsemicrf.architectures import model_torch_head
+from spacy_fsemicrf.doc_constraints import USER_DATA_KEY
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
     from .conftest import make_examples, model_config
@@ -99,6 +100,27 @@ def test_documents_without_tokens_predict_nothing_with_the_usual_types(initializ
     assert prediction.scores.shape == (0,) and prediction.scores.dtype == numpy.float32
     assert prediction.path.tolist() == [1.0, 1.0] and prediction.path.dtype == numpy.float32
     assert prediction.candidates is None and prediction.reports is None
+
+
+def test_constraints_reach_every_length_group_of_a_batch(initialized):
+    """A batch predicted in several groups of documents of similar length decodes each
+    document under its own constraints (here the second forbids every entity, the others
+    have none) and reports on it."""
+    nlp, _ = initialized
+    ner = nlp.get_pipe("fsemicrf_ner")
+    head = ner.model.get_ref("head")
+    docs = [nlp.make_doc(t) for t in ["Paris", "John Smith went to London today", "Anna"]]
+    free = ner.predict(docs)
+    assert set(free.spans[:, 0].tolist()) == {0, 1, 2}  # the untrained head finds entities
+    docs[1].user_data[USER_DATA_KEY] = [{"kind": "forbid_labels"}]
+    old = head.attrs["max_padded_tokens"]
+    head.attrs["max_padded_tokens"] = 1  # one group per document
+    try:
+        prediction = ner.predict(docs)
+    finally:
+        head.attrs["max_padded_tokens"] = old
+    assert prediction.spans.tolist() == [row for row in free.spans.tolist() if row[0] != 1]
+    assert prediction.reports[1] is not None
 
 
 def test_update_adds_its_loss_to_the_running_total(initialized):
