@@ -123,6 +123,16 @@ def test_constraints_reach_every_length_group_of_a_batch(initialized):
     assert prediction.reports[1] is not None
 
 
+def test_a_prediction_has_the_documented_types(initialized):
+    """Documents with tokens and without, in one batch: int64 rows, float32 confidences and
+    float32 path probabilities (1 for the empty document)."""
+    nlp, _ = initialized
+    ner = nlp.get_pipe("fsemicrf_ner")
+    prediction = ner.predict([nlp.make_doc("John Smith went to London"), nlp.make_doc("")])
+    assert prediction.spans.dtype == numpy.int64 and prediction.scores.dtype == numpy.float32
+    assert prediction.path.dtype == numpy.float32 and prediction.path[1] == 1.0
+
+
 def test_update_adds_its_loss_to_the_running_total(initialized):
     """Each update adds its batch's loss to ``losses`` (spaCy's convention), without an
     optimizer leaving the weights as they are."""
