@@ -3,6 +3,7 @@
 Everything runs on the CPU with one torch thread (the test machine is small and shared) and
 on a tiny corpus written by the tests, so no data set or network is needed.
 """
+import contextlib
 import functools
 import random
 from pathlib import Path
@@ -105,6 +106,19 @@ def trained():
 def trained_nlp(trained):
     """The trained pipeline of ``trained`` (tests must not modify it)."""
     return trained[0]
+
+
+@contextlib.contextmanager
+def one_group_per_document(ner):
+    """The component's head predicts each document of a batch in a length group of its own
+    (``max_padded_tokens`` 1) inside the block."""
+    head = ner.model.get_ref("head")
+    old = head.attrs["max_padded_tokens"]
+    head.attrs["max_padded_tokens"] = 1
+    try:
+        yield
+    finally:
+        head.attrs["max_padded_tokens"] = old
 
 
 def write_corpus(path: Path, nlp, data=TRAIN_DATA, repeat: int = 1) -> Path:

@@ -11,11 +11,13 @@ from spacy_fsemicrf.head_model import length_groups
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
     from .conftest import (
-        TRAIN_DATA, gold_set, make_examples, model_config, predicted_set, train_pipeline,
+        TRAIN_DATA, gold_set, make_examples, model_config, one_group_per_document,
+        predicted_set, train_pipeline,
     )
 except ImportError:  # pragma: no cover
     from conftest import (
-        TRAIN_DATA, gold_set, make_examples, model_config, predicted_set, train_pipeline,
+        TRAIN_DATA, gold_set, make_examples, model_config, one_group_per_document,
+        predicted_set, train_pipeline,
     )
 
 ARCHS = [FILTERED_SEMICRF, SEMICRF, LINEAR_CRF]
@@ -94,13 +96,8 @@ def test_batching_does_not_change_predictions(trained_arch):
     docs = [nlp.make_doc(t) for t in texts]
     try:
         together = ner.predict(docs)
-        head = ner.model.get_ref("head")
-        old = head.attrs["max_padded_tokens"]
-        head.attrs["max_padded_tokens"] = 1  # one group per document
-        try:
+        with one_group_per_document(ner):
             split = ner.predict(docs)
-        finally:
-            head.attrs["max_padded_tokens"] = old
         one_by_one = [ner.predict([doc]) for doc in docs]
     finally:
         ner.candidates_key = None
