@@ -3,6 +3,7 @@ few hundred short documents (a directory of a .jsonl and a .spacy file) like ``n
 process, every document exactly once, also when a worker is killed mid-run and when the whole
 run is killed and run again; bad models and inputs fail clearly and leave no partial shard.
 """
+import hashlib
 import json
 import os
 import random
@@ -629,22 +630,47 @@ def test_a_rerun_after_the_input_was_edited_is_refused(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("earlier", ["no digests", "a digest of each file"])
-def test_an_earlier_manifest_is_compared_by_layout(model_dir, corpus, tmp_path, earlier):
+def test_an_earlier_manifest_is_compared_by_layout_and_file_digest(model_dir, tmp_path, earlier):
+    """Format 1 held each file's digest in its shards: an input edited since, with the same
+    layout, was accepted as the same input, its shards of the earlier input kept."""
     from spacy_fsemicrf.annotate.shards import prepare_output
 
-    out = tmp_path / "out"
-    prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10))
-    manifest = json.loads((out / "manifest.json").read_text())
-    for shard in manifest["shards"]:
-        if earlier == "no digests":
+    corpus, out = tmp_path / "in", tmp_path / "out"
+    corpus.mkdir()
+    texts = make_texts(25, 5)
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    DocBin(docs=[spacy.blank("en").make_doc(t) for t in texts[:12]]).to_disk(corpus / "b.spacy")
+    shards = plan_shards(corpus, 10)
+    prepare_output(out, str(model_dir), 10, shards)
+    current = (out / "manifest.json").read_text()
+
+    def write_earlier():
+        manifest = json.loads(current)
+        manifest["format"] = 1
+        for shard in manifest["shards"]:
             del shard["digest"]
-        else:
-            manifest["format"] = 1
-            shard["digest"] = "0" * 32
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    assert prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10)) == []
-    with pytest.raises(AnnotateError, match="another input"):
-        prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10)[:-1], update=True)
+            if earlier == "a digest of each file":
+                shard["digest"] = hashlib.blake2b(Path(shard["source"]).read_bytes(),
+                                                  digest_size=16).hexdigest()
+        (out / "manifest.json").write_text(json.dumps(manifest))
+
+    write_earlier()
+    with pytest.raises(AnnotateError, match="1 of 4 shards differ"):
+        prepare_output(out, str(model_dir), 10, shards[:-1])
+    assert prepare_output(out, str(model_dir), 10, shards) == []
+    assert (out / "manifest.json").read_text() == current  # rewritten in the current format
+    write_earlier()
+    _touch_shards(out, range(5))
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": t.upper()}) + "\n"
+                                            for t in texts))
+    shards = plan_shards(corpus, 10)
+    if earlier == "no digests":  # nothing but the layout to compare
+        assert prepare_output(out, str(model_dir), 10, shards) == []
+        return
+    with pytest.raises(AnnotateError, match="3 of 5 shards differ"):
+        prepare_output(out, str(model_dir), 10, shards)
+    assert prepare_output(out, str(model_dir), 10, shards, update=True) == [0, 1, 2]
+    assert _written(out) == [3, 4] and not (out / "entities.jsonl").exists()
 
 
 def _touch_shards(out: Path, indices) -> None:

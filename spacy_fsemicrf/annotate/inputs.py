@@ -147,6 +147,18 @@ def _spacy_shard_digests(file: Path, shard_size: int) -> Tuple[int, List[str]]:
     return n_docs, digests
 
 
+def file_digest(file: Path) -> str:
+    """The digest (BLAKE2b) of a whole file, as each shard of a manifest of format 1 held."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as err:
+        raise AnnotateError(f"cannot read {file}: {err}") from err
+    return digest.hexdigest()
+
+
 def _read_bytes(file: Path) -> bytes:
     try:
         return file.read_bytes()

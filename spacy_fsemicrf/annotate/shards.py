@@ -24,7 +24,7 @@ from spacy.language import Language
 from spacy.tokens import Doc, DocBin
 from spacy.vocab import Vocab
 
-from .inputs import AnnotateError, Shard
+from .inputs import AnnotateError, Shard, file_digest
 
 MANIFEST_FORMAT = 2  # 1: a digest of each input file, in each of its shards
 TMP_SUFFIX = ".tmp"
@@ -207,18 +207,11 @@ def prepare_output(
                     f"and shard size"
                 )
         old, new = previous.get("shards", []), manifest["shards"]
-        if previous.get("format") != MANIFEST_FORMAT or any("digest" not in s for s in old):
-            # digests of whole files, or none: only the layout can be compared
-            if [_layout(s) for s in old] != [_layout(s) for s in new]:
-                raise AnnotateError(f"OUTPUT {output} holds a run with another input; annotate "
-                                    f"into a new OUTPUT directory")
+        earlier = previous.get("format") != MANIFEST_FORMAT or any("digest" not in s for s in old)
+        changed = _changed_shards(old, new, earlier)
+        if not changed and not earlier:  # (an earlier manifest is rewritten in this format)
             return []
-        # where a shard starts in its file (moved by an edit before it) is not what it reads
-        changed = [i for i in range(max(len(old), len(new)))
-                   if i >= len(old) or i >= len(new) or _read(old[i]) != _read(new[i])]
-        if not changed:
-            return []
-        if not update:
+        if changed and not update:
             raise AnnotateError(
                 f"OUTPUT {output} holds a run with another input ({len(changed)} of {len(new)} "
                 f"shards differ); rerun with --update to annotate those and keep the others, "
@@ -229,7 +222,8 @@ def prepare_output(
                 paths = shard_paths(output, index)
                 for file in (paths["docs"], paths["entities"]):  # .spacy first: it marks a shard
                     file.unlink(missing_ok=True)
-            (output / "entities.jsonl").unlink(missing_ok=True)
+            if changed:
+                (output / "entities.jsonl").unlink(missing_ok=True)
         except OSError as err:
             raise AnnotateError(f"cannot update OUTPUT {output}: {err}") from err
     try:
@@ -241,6 +235,31 @@ def prepare_output(
 
 def _layout(shard: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in shard.items() if k != "digest"}
+
+
+def _changed_shards(
+    old: List[Dict[str, Any]], new: List[Dict[str, Any]], earlier: bool
+) -> List[int]:
+    """The indices of the shards of the manifests' lists ``old`` and ``new`` whose documents
+    differ (and of the shards only one of them has). Where a shard starts in its file (moved
+    by an edit before it) is not what it reads. An ``earlier`` manifest (format 1) holds in each
+    shard its whole file's digest (or none, in the first ones): a shard is the same there if it
+    has the same place in a file whose content is the same."""
+    files: Dict[str, str] = {}
+
+    def same(before: Dict[str, Any], now: Dict[str, Any]) -> bool:
+        if not earlier:
+            return _read(before) == _read(now)
+        if _layout(before) != _layout(now):
+            return False
+        if "digest" not in before:  # nothing more to compare
+            return True
+        if now["source"] not in files:
+            files[now["source"]] = file_digest(Path(now["source"]))
+        return before["digest"] == files[now["source"]]
+
+    return [i for i in range(max(len(old), len(new)))
+            if i >= len(old) or i >= len(new) or not same(old[i], new[i])]
 
 
 def _read(shard: Dict[str, Any]) -> Dict[str, Any]:
