@@ -235,7 +235,8 @@ def annotate(
 
     Shards finished by an earlier run into the same ``output`` are kept; the others are
     annotated. An input that changed since that run is refused, unless ``update``: then the
-    shards whose documents changed are annotated again and the others kept. ``client`` runs the tasks on an existing Dask client (it is left open);
+    shards whose documents changed are annotated again and the others kept. ``client`` runs
+    the tasks on an existing Dask client (it is left open);
     otherwise one is made from ``scheduler`` or a new LocalCluster of ``workers`` processes.
     ``on_shard_done`` is called with each finished task's result, in the order they finish.
     """
