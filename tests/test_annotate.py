@@ -587,9 +587,9 @@ def test_the_command_passes_update_and_says_what_it_annotated_again(monkeypatch,
 
     monkeypatch.setattr(engine, "annotate", fake_annotate)
     assert cli_main(["model", "in.jsonl", "out", "--update"]) == 0
-    assert "2 kept from an earlier run, 1 annotated again" in capsys.readouterr().out
+    assert "2 kept from an earlier run, 1 changed since then" in capsys.readouterr().out
     assert cli_main(["model", "in.jsonl", "out"]) == 0 and calls == [True, False]
-    assert "annotated again" not in capsys.readouterr().out
+    assert "changed since" not in capsys.readouterr().out
 
 
 def test_the_module_command_dispatches(capsys):

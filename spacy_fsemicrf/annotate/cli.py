@@ -57,7 +57,7 @@ def main(argv: List[str]) -> int:
         return 130
     kept = f", {summary.skipped_shards} kept from an earlier run" if summary.skipped_shards else ""
     if summary.changed_shards:
-        kept += f", {summary.changed_shards} annotated again (their documents changed)"
+        kept += f", {summary.changed_shards} changed since then"
     print(f"{summary.docs} documents in {summary.shards} shards{kept}; {summary.entities} "
           f"entities in {summary.entities_path}; {summary.seconds:.1f} s")
     return 0

@@ -58,7 +58,7 @@ class Summary:
     workers: int
     seconds: float
     entities_path: Path
-    changed_shards: int = 0  # annotated again, their documents changed (``update``)
+    changed_shards: int = 0  # with ``update``: whose documents changed, or new since that run
 
     @property
     def docs_per_second(self) -> float:
