@@ -298,9 +298,24 @@ def corpus_files(path: Union[str, Path]) -> List[Union[str, Path]]:
     return list(walk_corpus(path, ".spacy")) if Path(path).is_dir() else [path]
 
 
+class CorpusError(ValueError):
+    """A corpus path that holds no readable ``.spacy`` file."""
+
+
 def read_docs(path: Union[str, Path], vocab) -> List[Doc]:
-    """The documents of a ``.spacy`` file (DocBin) or of a directory of them."""
-    return [doc for file in corpus_files(path) for doc in DocBin().from_disk(file).get_docs(vocab)]
+    """The documents of a ``.spacy`` file (DocBin) or of a directory of them. Raises
+    :class:`CorpusError` for a directory without ``.spacy`` files or a file DocBin cannot read
+    (rather than finding no entities in it)."""
+    files = corpus_files(path)
+    if not files:
+        raise CorpusError(f"no .spacy file in {path}")
+    docs: List[Doc] = []
+    for file in files:
+        try:
+            docs.extend(DocBin().from_disk(file).get_docs(vocab))
+        except Exception as err:  # zlib, msgpack and OS errors alike mean an unreadable file
+            raise CorpusError(f"cannot read {file} as a .spacy (DocBin) file: {err}") from err
+    return docs
 
 
 def read_examples(path: Union[str, Path], nlp: Language) -> List[Example]:
@@ -520,6 +535,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     for corpus in (args.dev, args.train):  # before the pipeline loads: that takes a while
         if corpus is not None and not corpus.exists():
             parser.error(f"no such corpus file: {corpus}")
+    if not Path(args.model).exists() and not spacy.util.is_package(args.model):
+        parser.error(f"no such pipeline: {args.model} (neither a directory nor an installed "
+                     "package)")
     output = args.output if args.output is not None else Path(args.model)
     if args.output is None and not output.is_dir():
         parser.error(f"{args.model} is not a directory: give --output")
@@ -531,8 +549,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                      f"{nlp.pipe_names})")
     if args.component is not None:
         names = [args.component]
-    dev_examples = read_examples(args.dev, nlp)
-    train_docs = read_docs(args.train, nlp.vocab) if args.train is not None else None
+    try:
+        dev_examples = read_examples(args.dev, nlp)
+        train_docs = read_docs(args.train, nlp.vocab) if args.train is not None else None
+    except CorpusError as err:
+        parser.error(str(err))
     fitted = {}
     for name in names:
         if train_docs is not None:

@@ -1364,3 +1364,25 @@ def test_the_fit_gets_the_seen_flags_when_the_component_has_training_entities(
     assert numpy.array_equal(raw1, raw) and numpy.array_equal(correct1, correct)
     assert numpy.array_equal(seen1, seen) and seen2 is None
     assert numpy.array_equal(raw2, raw) and numpy.array_equal(correct2, correct)
+
+
+def test_the_command_says_what_is_wrong_with_its_paths(small_nlp, tmp_path, capsys):
+    """A missing pipeline, an empty corpus directory and a file DocBin cannot read each stop
+    the command with a message (before: a misleading "give --output", "no predicted entity"
+    in an empty directory, a traceback)."""
+    small_nlp.to_disk(tmp_path / "model")
+    dev = write_corpus(tmp_path / "dev.spacy", small_nlp)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.spacy").write_bytes(b"not a DocBin")
+    cases = [
+        ([str(tmp_path / "no-model"), str(dev)], "no such pipeline"),
+        ([str(tmp_path / "model"), str(tmp_path / "empty")], "no .spacy file in"),
+        ([str(tmp_path / "model"), str(tmp_path / "bad.spacy")], "cannot read"),
+        ([str(tmp_path / "model"), str(dev), "--train", str(tmp_path / "bad.spacy")],
+         "cannot read"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            calibration.main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is None
