@@ -514,6 +514,26 @@ def test_scores_off_the_nodes_are_never_read(with_transitions):
     assert torch.allclose(filtered_decode(scores, mask, labels, T)[1], filtered_decode(dirty, mask, labels, T)[1])
 
 
+@pytest.mark.parametrize("with_transitions", [False, True])
+def test_path_score_reads_the_path_only(with_transitions):
+    """NaN and inf off the path (a node scored -inf that the gold path leaves out, or scores
+    off the nodes, which the solvers never read) change neither the path's score nor its
+    gradient: the loss ``log Z - path score`` was NaN."""
+    lengths, mask, scores, labels, transitions = random_nodes(11, 6, 25, 4, 4, 0.3)
+    T = transitions if with_transitions else None
+    path, _ = filtered_viterbi(scores, mask, labels, T)
+    dirty = scores.clone()
+    dirty[~mask] = float("nan")
+    dirty[mask & ~path] = -math.inf
+    clean_s, dirty_s = scores.clone().requires_grad_(), dirty.clone().requires_grad_()
+    clean, got = path_score(clean_s, path, labels, T), path_score(dirty_s, path, labels, T)
+    assert torch.isfinite(got).all() and torch.allclose(got, clean)
+    got.sum().backward()
+    clean.sum().backward()
+    assert torch.equal(dirty_s.grad, clean_s.grad)
+    assert torch.isfinite(filtered_log_partition(dirty, mask, labels, T) - got).all()
+
+
 @pytest.mark.parametrize("label_major", [False, True])
 def test_inference_node_set_lists_the_filtered_nodes(label_major):
     gen = torch.Generator().manual_seed(0)

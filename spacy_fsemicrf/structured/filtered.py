@@ -632,10 +632,12 @@ def path_score(
     between consecutive nodes, from START and to END. The empty path scores 0.
 
     ``node_scores``, ``path_mask`` (the path's nodes) and ``node_labels`` are ``[B, L, K]``
-    grids (labels only matter with ``transitions``); ``transitions`` is ``[C + 1, C + 1]``
-    for ``C`` labels, null included, its last row from START and its last column to END."""
+    grids (labels only matter with ``transitions``; only the path's entries of
+    ``node_scores`` are read, so a node at -inf that the path leaves out is no NaN);
+    ``transitions`` is ``[C + 1, C + 1]`` for ``C`` labels, null included, its last row from
+    START and its last column to END."""
     B, L, K = path_mask.shape
-    total = (node_scores * path_mask).sum((1, 2))
+    total = torch.where(path_mask.bool(), node_scores, node_scores.new_zeros(())).sum((1, 2))
     if transitions is None:
         return total
     if node_labels is None:
