@@ -1,5 +1,6 @@
 """The exact semi-CRF against brute-force enumeration of every segmentation."""
 
+import math
 import random
 
 import pytest
@@ -275,6 +276,34 @@ def test_no_nan_for_empty_and_single_token_documents(dtype, use_t):
     assert torch.isfinite(m).all() and not m[[0, 3]].any()
     # Single token: the probabilities of its width-1 segments sum to 1.
     assert m[1, 0, 0].sum().item() == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("use_t", [False, True])
+def test_a_segment_scored_minus_infinity_is_in_no_segmentation(seed, use_t):
+    """Against enumeration, where such a segment's segmentations weigh exp(-inf) = 0: log Z,
+    the best score and the marginals (0 for that segment), and a gradient without NaN. With
+    transitions, a label none of whose segments could end on a token made log Z NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    B, L, K, C = 2, 5, 3, 3
+    lengths = torch.tensor([5, 3])
+    scores = torch.randn((B, L, K, C), generator=gen, dtype=DTYPE)
+    forbid = torch.rand(scores.shape, generator=gen) < 0.2
+    forbid[:, 0, 0, 2] = True  # label 2 cannot end on the first token
+    forbid[:, :, 0, 0] = False  # (the one-token nulls keep every document a segmentation)
+    scores[forbid] = -math.inf
+    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    x = scores.clone().requires_grad_()
+    log_z = semicrf_log_partition(x, lengths, T)
+    (grad,) = torch.autograd.grad(log_z.sum(), x)
+    _, best = semicrf_viterbi(scores, lengths, T)
+    marginals = semicrf_marginals(scores, lengths, T)
+    for b in range(B):
+        enum = semicrf_enumerate(scores[b], int(lengths[b]), T)
+        assert log_z[b].item() == pytest.approx(enum.log_z, abs=1e-9)
+        assert best[b].item() == pytest.approx(enum.best_score, abs=1e-9)
+        assert torch.allclose(marginals[b], enum.marginals, atol=1e-9)
+    assert torch.allclose(grad, marginals, atol=1e-9) and not marginals[forbid].any()
 
 
 def test_empty_batch_and_zero_length_batch():

@@ -99,13 +99,15 @@ def semicrf_log_partition(
     """``log Z`` per document, ``Tensor[B]``, by the forward scan.
 
     ``scores`` is ``[B, L, K, C]``; entries of impossible segments are ignored (masked here).
+    A segment scored -inf is in no segmentation with any probability (it counts as NEG).
     ``transitions`` is ``[C + 1, C + 1]`` or None. Empty documents get exactly 0.
     """
     B, L, K, C = scores.shape
     if L == 0:
         return _zeros_connected(scores, transitions)
     lengths = lengths.to(scores.device).long()
-    E = _by_end(_masked_scores(scores, lengths))
+    # (logsumexp over a window of -inf alone, a label ending where it cannot, would be NaN)
+    E = _by_end(_masked_scores(scores.clamp_min(neg_value(scores.dtype)), lengths))
     if transitions is None:
         # The labels do not interact across segments: reduce them before the scan.
         E = lse(E, -1)  # [B, L, K]
