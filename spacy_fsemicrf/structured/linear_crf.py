@@ -285,17 +285,22 @@ def crf_marginals(
     """``Tensor[B, L, n_tags]``: probability of each tag at each token (0 on padding).
 
     Forward-backward: ``exp(alpha[t, y] + beta[t, y] - log Z)`` (equal to the gradient of
-    ``log Z`` with respect to the emissions). Not differentiated; safe under ``no_grad``.
+    ``log Z`` with respect to the emissions), in float64 whatever the emissions' precision (the
+    result takes theirs). Not differentiated; safe under ``no_grad``.
     """
     with torch.no_grad():
         B, L, n = emissions.shape
         lengths = lengths.to(emissions.device).long()
-        T = _masked_transitions(transitions.to(emissions.dtype), allowed)
-        alphas, log_z = _forward(emissions, T, lengths)
-        betas = _backward(emissions, T, lengths)
-        probs = (alphas + betas - log_z.view(-1, 1, 1)).exp()
+        # float64, as crf_span_marginals: in float32, alpha + beta - log Z of a long document
+        # (|log Z| in the ten thousands) is off by a few hundredths
+        em = emissions.double()
+        T = _masked_transitions(transitions.to(em.dtype), allowed)
+        alphas, log_z = _forward(em, T, lengths)
+        betas = _backward(em, T, lengths)
+        probs = (alphas + betas - log_z.view(-1, 1, 1)).exp().clamp_max(1.0)
         in_doc = token_mask(lengths, L)
-        return torch.where(in_doc.unsqueeze(-1), probs, probs.new_zeros(()))
+        probs = torch.where(in_doc.unsqueeze(-1), probs, probs.new_zeros(()))
+        return probs.to(emissions.dtype)
 
 
 def crf_best_sequence_prob(
