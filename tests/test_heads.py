@@ -7,6 +7,7 @@ import torch
 
 from spacy_fsemicrf.structured import heads as heads_module
 from spacy_fsemicrf.structured.context import TokenContext, WordPool
+from spacy_fsemicrf.structured.filtered import filtered_marginals, inference_nodes
 from spacy_fsemicrf.structured.heads import HEADS, FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 from spacy_fsemicrf.structured.linear_crf import (
     crf_log_partition,
@@ -995,3 +996,31 @@ def test_a_double_head_with_transitions_decodes_with_path_probabilities(name):
     X, lengths = torch.randn(2, 4, 3, dtype=torch.float64), torch.tensor([4, 3])
     out = head(X, lengths, options=DecodeOptions(path=True, candidates=True))
     assert out.path.shape == (2,) and bool(((out.path > 0) & (out.path <= 1 + 1e-6)).all())
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_double_head_reports_its_confidences_in_double(name):
+    """The filtered head read a double head's node scores and local probabilities in float32,
+    so its confidences (and the marginals under them) were rounded, where the other heads'
+    are float64; they are the local probability times the marginal, both in float64."""
+    torch.manual_seed(0)
+    kwargs = {} if name == "LinearCRF" else {"transitions": True}
+    head = HEADS[name](3, 2, max_width=3, hidden_width=4, **kwargs).double().eval()
+    X, lengths = torch.randn(2, 6, 3, dtype=torch.float64), torch.tensor([6, 4])
+    if name == "FilteredSemiCRF":
+        with torch.no_grad():  # keep most spans, so that nodes overlap
+            head.scorer.output.bias[1:3] += 3.0
+    with torch.no_grad():
+        out = head(X, lengths, options=DecodeOptions(candidates=True))
+    assert out.scores.dtype == out.candidates[1].dtype == torch.float64
+    if name != "FilteredSemiCRF":
+        return
+    local, glob = head.span_scores(X, lengths)
+    mask, labels = inference_nodes(local, lengths)
+    node_scores = glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    marginals = filtered_marginals(node_scores, mask, labels, head.transitions.detach())
+    p_local = local.log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1).exp()
+    doc, start, end = out.candidates[0][:, :3].unbind(1)
+    want = (p_local * marginals)[doc, start, end - start]
+    assert ((marginals > 0) & (marginals < 1)).any()
+    assert torch.allclose(out.candidates[1], want, rtol=0, atol=1e-12)

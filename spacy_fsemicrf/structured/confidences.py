@@ -33,8 +33,10 @@ def local_label_probability(
     local: torch.Tensor, index: torch.Tensor, labels: torch.Tensor
 ) -> torch.Tensor:
     """``[n]``: the local classifier's probability (softmax over null and the labels) of each
-    listed span (flat ``[B, L, K]`` grid ``index``) having its label."""
-    planes = filtered.label_planes(local).index_select(1, index).float()
+    listed span (flat ``[B, L, K]`` grid ``index``) having its label, in float32, or float64
+    if ``local`` is."""
+    planes = filtered.label_planes(local).index_select(1, index)
+    planes = planes if planes.dtype == torch.float64 else planes.float()
     return planes.log_softmax(0).gather(0, labels.view(1, -1)).squeeze(0).exp()
 
 

@@ -181,9 +181,11 @@ def inference_node_set(
     margin: float = 0.0,
 ) -> NodeSet:
     """The nodes of :func:`inference_nodes` as a :class:`NodeSet`, with their global scores
-    (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``)."""
+    (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``), in float32, or float64 if
+    they are."""
     index, labels = _filter(local_scores, lengths, margin)
-    scores = label_planes(global_scores)[labels, index].float()
+    scores = label_planes(global_scores)[labels, index]
+    scores = scores if scores.dtype == torch.float64 else scores.float()
     return NodeSet(index, labels, scores, tuple(local_scores.shape[:3]))
 
 
