@@ -133,6 +133,24 @@ def test_gradient_of_log_z_is_the_marginals_and_batching_is_exact(problem):
         assert torch.equal(chosen_alone[0], chosen[b])
 
 
+def test_second_derivatives_of_log_z_on_the_host_raise_rather_than_read_zero():
+    """The gradient of log Z on cliques and small clusters (solved on the host) is the saved
+    marginals, a constant to autograd: a Hessian through it came out 0 without a word. It now
+    raises; the position scan (zero transitions, whole documents) still has its Hessian."""
+    lengths, mask, scores, labels, _ = random_nodes(0, 3, 14, 3, 3, 0.35)
+    host = compact(mask, by_cluster=True).host
+    assert host.clique_first.size and host.small  # cliques and small clusters
+
+    def hessian(T):
+        return torch.autograd.functional.hessian(
+            lambda x: filtered_log_partition(x, mask, labels, T).sum(), scores
+        )
+
+    assert hessian(torch.zeros((4, 4), dtype=DTYPE)).abs().max() > 0.05
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        hessian(None)
+
+
 @st.composite
 def bridge(draw, K: int, n: int):
     """Four nodes ``u, w1, w2, v`` (``(start, width)``) where ``u -> v`` is an edge whose gap,

@@ -438,7 +438,9 @@ def solve_host(
 
 class HostLogPartition(torch.autograd.Function):
     """log Z of the host clusters per document, ``[B]``, differentiable in the host nodes'
-    scores: the gradient of log Z is the node marginals, which the same solve gives."""
+    scores: the gradient of log Z is the node marginals, which the same solve gives. Once
+    only: the marginals are constants to autograd, so a gradient with ``create_graph=True``
+    (for a Hessian) raises an error rather than giving zeros."""
 
     @staticmethod
     def forward(ctx, scores: torch.Tensor, host: HostClusters, n_docs: int) -> torch.Tensor:
@@ -450,5 +452,12 @@ class HostLogPartition(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_totals: torch.Tensor):
         (marginals,) = ctx.saved_tensors
+        # create_graph=True: the marginals as a gradient would be constants, wrong to the Hessian
+        if torch.is_grad_enabled() and marginals.numel():
+            raise RuntimeError(
+                "the filtered graph's log Z is differentiable once where it has cliques or "
+                "small clusters (solved on the host); for second derivatives give "
+                "transitions (zeros for none): the position scan is differentiable twice"
+            )
         node_doc = torch.from_numpy(ctx.node_doc).to(grad_totals.device)
         return grad_totals[node_doc] * marginals, None, None
