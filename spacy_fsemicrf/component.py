@@ -383,9 +383,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             labels = check_labels(labels, self.name)
         sample: List[Doc] = []
         found = set()
-        n_ents = n_wide = widest = 0
+        n_ents = n_wide = widest = n_examples = n_annotated = 0
         seen = set()  # the texts of the gold entities
         for eg in get_examples():
+            n_examples += 1
+            n_annotated += eg.reference.has_annotation("ENT_IOB")
             made_up = eg.reference.user_data.get(AUGMENTED, False)  # names an augmenter made
             for ent in eg.reference.ents:
                 if not made_up:
@@ -405,7 +407,13 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         for label in new_labels:
             self.cfg["labels"].append(label)
             self.vocab.strings.add(label)
-        self._require_labels()
+        if not self.labels:  # (spaCy's own E143 asks for examples, which were given)
+            raise ValueError(
+                f"[{self.name}] no entity labels to learn: none were given and the {n_examples} "
+                f"initialization examples ({n_annotated} with entity annotation) have no gold "
+                f"entity in example.reference.ents (doc.spans is not read). Give the labels in "
+                f"[initialize.components.{self.name}.labels] or with add_label."
+            )
         if labels is not None:
             unknown = sorted(found - set(self.labels))
             if unknown:

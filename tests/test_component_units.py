@@ -225,6 +225,25 @@ def test_initialize_with_given_labels_warns_about_the_others(caplog):
         "initialize: ['LOC', 'ORG']. Training on them will fail."]
 
 
+def test_initialize_without_any_entity_says_where_the_labels_come_from():
+    """Examples without a gold entity in doc.ents (here: annotated O, or spans in doc.spans
+    only, as for spancat) and no labels: the error says what was read and where labels go."""
+    nlp, ner = _component()
+    examples = make_examples(nlp, [("John lives in Paris .", [])])
+    spans_only = nlp.make_doc("Acme hired Mary .")
+    spans_only.spans["sc"] = [spans_only.char_span(0, 4, label="ORG")]
+    examples.append(Example(nlp.make_doc(spans_only.text), spans_only))
+    with pytest.raises(ValueError) as err:
+        ner.initialize(lambda: examples, nlp=nlp)
+    assert str(err.value) == (
+        "[fsemicrf_ner] no entity labels to learn: none were given and the 2 initialization "
+        "examples (1 with entity annotation) have no gold entity in example.reference.ents "
+        "(doc.spans is not read). Give the labels in [initialize.components.fsemicrf_ner.labels] "
+        "or with add_label.")
+    ner.initialize(lambda: examples, nlp=nlp, labels=["ORG"])
+    assert ner.labels == ("ORG",)
+
+
 def test_initialize_keeps_earlier_labels_once_and_rebuilds_the_head_for_more():
     """Labels added before come first, each once; initializing again with one more label
     builds a head for the larger set."""
