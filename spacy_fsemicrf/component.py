@@ -778,8 +778,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                                     for name in ("cfg", "model") if (Path(path) / name).exists()})
             raise self._load_error(err, str(path), damaged) from err
         seen = Path(path) / SEEN_ENTITIES
-        if SEEN_ENTITIES not in exclude and seen.exists():
-            self._load_seen(seen.read_bytes())
+        if SEEN_ENTITIES not in exclude:  # none saved: none, not those of the weights replaced
+            self._load_seen(seen.read_bytes() if seen.exists() else b"")
         self._loaded()
         return self
 
@@ -795,8 +795,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         except ValueError as err:
             raise self._load_error(err, "bytes", _undecodable({"bytes": bytes_data})) from err
         msg = srsly.msgpack_loads(bytes_data)
-        if SEEN_ENTITIES not in exclude and SEEN_ENTITIES in msg:
-            self._load_seen(msg[SEEN_ENTITIES])
+        if SEEN_ENTITIES not in exclude:
+            self._load_seen(msg.get(SEEN_ENTITIES, b""))
         self._loaded()
         return self
 

@@ -967,6 +967,30 @@ def test_a_map_by_novelty_loaded_without_the_seen_entities_warns(small_nlp, tmp_
     assert caplog.text.count(warning) == 1
 
 
+def test_a_pipeline_without_seen_entities_loaded_over_a_trained_one_has_none(
+        small_nlp, tmp_path, caplog):
+    """Loading in place (``from_disk``, ``from_bytes``) over a component that has seen entities
+    of its own, as a service reloading its pipeline does: one saved without them loads with
+    none, and warns, not with those of the weights it replaced, which would flag its entities
+    seen or unseen by another training set and calibrate them silently wrong."""
+    saved = _copy(small_nlp, tmp_path, name="saved").get_pipe("fsemicrf_ner")
+    saved.calibration = NOVELTY_MAP
+    saved.to_disk(tmp_path / "without")
+    (tmp_path / "without" / "seen_entities").unlink()
+    data = srsly.msgpack_loads(saved.to_bytes())
+    del data["seen_entities"]
+    loads = [lambda ner: ner.from_disk(tmp_path / "without"),
+             lambda ner: ner.from_bytes(srsly.msgpack_dumps(data))]
+    for load in loads:
+        ner = _copy(small_nlp, tmp_path).get_pipe("fsemicrf_ner")
+        assert ner.seen_entities.size
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+            load(ner)
+        assert ner.seen_entities.size == 0
+        assert caplog.text.count("every entity is calibrated as new") == 1
+
+
 def test_the_training_callback_fits_on_the_dev_path_only(tmp_path, monkeypatch):
     """The shipped config's callback fits a map at each save, from the dev file alone; the
     evaluations during training see no map (each follows an update, which drops the last
