@@ -14,6 +14,7 @@ them are left out of ``doc.ents``, and every other token without entity informat
 """
 import logging
 import math
+import multiprocessing.context
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
@@ -238,6 +239,15 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         given to :meth:`initialize`: a ``by_novelty`` calibration map scores the entities
         whose text is among them apart from the others."""
         self.widest_dropped = 0
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Pickle as spaCy's pipes do; pickled to start a process (``nlp.pipe(n_process=N)``
+        under the ``spawn`` or ``forkserver`` start method), the process runs PyTorch on one
+        thread as a forked worker does (:func:`.fork_safety.unpickled_in_child`)."""
+        reduced = super().__reduce__()
+        if multiprocessing.context.get_spawning_popen() is None:
+            return reduced
+        return (fork_safety.unpickled_in_child, tuple(reduced[:2])) + tuple(reduced[2:])
 
     # Labels -----------------------------------------------------------------------------------
 

@@ -11,9 +11,12 @@ child also keeps the memory it frees for its next batch (:mod:`spacy_fsemicrf.wo
 Making, training or running an ``fsemicrf_ner`` component registers the handler (an unpickled
 one was never made), so a process that has run such a pipeline has it before it forks; others,
 where installing the package makes spaCy import it through its entry points, keep their
-children as they are.
+children as they are. A process started without ``fork`` (the ``spawn`` and ``forkserver``
+start methods; ``spawn`` is the default on macOS and Windows) gets the component pickled, and
+runs :func:`one_thread_in_child` when it unpickles it (:func:`unpickled_in_child`).
 """
 import os
+from typing import Any, Callable, Tuple
 
 import torch
 
@@ -27,6 +30,14 @@ def one_thread_in_child() -> None:
     ``fork``)."""
     torch.set_num_threads(1)
     keep_freed_heap()
+
+
+def unpickled_in_child(rebuild: Callable[..., Any], args: Tuple[Any, ...]) -> Any:
+    """``rebuild(*args)`` in a process that multiprocessing started with the object pickled
+    (``spawn``, ``forkserver``), after :func:`one_thread_in_child` (the object's ``__reduce__``
+    names this function while a process is being started)."""
+    one_thread_in_child()
+    return rebuild(*args)
 
 
 def register() -> None:

@@ -158,3 +158,52 @@ def test_an_unpickled_pipeline_prepares_its_process_before_it_forks(trained_nlp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
         "before": False, "child": 1, "remembered": True}
+
+
+# Run by a fresh interpreter from a file (a spawned worker imports it as __mp_main__, where it
+# finds the probe component): the PyTorch threads of each worker of nlp.pipe(n_process=2).
+SPAWN_SCRIPT = """
+import json, multiprocessing, sys
+from spacy.language import Language
+
+@Language.component("torch_threads")
+def torch_threads(doc):
+    import torch
+    doc.user_data["threads"] = torch.get_num_threads()
+    return doc
+
+if __name__ == "__main__":
+    multiprocessing.set_start_method(sys.argv[2])
+    import spacy, torch
+    nlp = spacy.load(sys.argv[1])
+    nlp.add_pipe("torch_threads")
+    texts = json.loads(sys.argv[3])
+    docs = list(nlp.pipe(texts, batch_size=8, n_process=2))
+    print(json.dumps({"parent": torch.get_num_threads(),
+                      "workers": sorted({doc.user_data["threads"] for doc in docs}),
+                      "ents": [[e.start_char, e.end_char, e.label_]
+                               for doc in docs for e in doc.ents],
+                      "one": [[e.start_char, e.end_char, e.label_]
+                              for doc in nlp.pipe(texts) for e in doc.ents]}))
+"""
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawned_workers_run_pytorch_on_one_thread(trained_nlp, tmp_path, method):
+    """Under the start methods that do not fork (spawn: the default on macOS and Windows;
+    forkserver), nlp.pipe(n_process=N)'s workers, which unpickle the pipeline, run PyTorch on
+    one thread as forked ones do, not on one thread per core each (N workers on N cores)."""
+    trained_nlp.to_disk(tmp_path / "cnn")
+    script = tmp_path / "spawn_pipe.py"
+    script.write_text(SPAWN_SCRIPT)
+    # two threads by default in every process, whatever the machine's number of cores
+    env = {**default_thread_env(), "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "cnn"), method, json.dumps(TEXTS[:12])],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["parent"] == 2
+    assert result["workers"] == [1]
+    assert result["ents"] == result["one"] and result["ents"]
