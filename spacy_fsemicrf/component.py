@@ -666,6 +666,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 keep |= _held_by_constraints(docs, entities, keep, reports, prediction.constraints)
             entities, scores = entities[keep], scores[keep]
         labels = [self.vocab.strings.add(label) for label in self.labels]
+        # a document another pipeline made has its own strings, which the spans' labels need
+        others = {id(doc.vocab): doc.vocab for doc in docs if doc.vocab is not self.vocab}
+        for vocab in others.values():
+            for label in self.labels:
+                vocab.strings.add(label)
         key = self.spans_key
         groups = _span_groups(docs, key, entities, scores, labels)
         paths = prediction.path.tolist()

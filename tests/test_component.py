@@ -263,6 +263,20 @@ def test_empty_one_token_and_whitespace_docs(trained_nlp):
     assert ("Berlin", "LOC") in {(e.text, e.label_) for e in docs[3].ents}
 
 
+def test_docs_of_another_vocab_get_their_entities(trained_nlp):
+    """A document made by another pipeline (its own vocab, without the labels' strings) gets
+    the same entities as one of the pipeline's own, and can be serialized with them."""
+    text = "John Smith works for Google in Paris ."
+    own = trained_nlp(text)
+    assert own.ents
+    for other in (spacy.blank("de")(text), Doc(spacy.blank("en").vocab, words=text.split())):
+        doc = trained_nlp(other)
+        assert predicted_set([doc]) == predicted_set([own])
+        labels = [span.label_ for span in doc.spans["fsemicrf"]]
+        assert labels == [span.label_ for span in own.spans["fsemicrf"]]
+        assert predicted_set([Doc(doc.vocab).from_bytes(doc.to_bytes())]) == predicted_set([own])
+
+
 def test_long_document(trained_nlp):
     sentence = "Mary flew to Berlin on Monday .".split()
     words = (sentence * (10_000 // len(sentence) + 1))[:10_000]
