@@ -417,6 +417,14 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         for label in new_labels:
             self.cfg["labels"].append(label)
             self.vocab.strings.add(label)
+        if not self.labels and labels is not None:  # given, and empty: the examples' are unused
+            raise ValueError(
+                f"[{self.name}] no entity labels to learn: the labels given to initialize are an "
+                f"empty list (the {n_examples} initialization examples have {n_ents} gold "
+                f"entities, labels {sorted(found)}, which are taken only when no labels are "
+                f"given). Give the labels in [initialize.components.{self.name}.labels], or "
+                f"leave them out."
+            )
         if not self.labels:  # (spaCy's own E143 asks for examples, which were given)
             raise ValueError(
                 f"[{self.name}] no entity labels to learn: none were given and the {n_examples} "

@@ -244,6 +244,22 @@ def test_initialize_without_any_entity_says_where_the_labels_come_from():
     assert ner.labels == ("ORG",)
 
 
+def test_initialize_with_an_empty_label_list_does_not_blame_the_examples():
+    """An empty list of labels (an empty labels file, ``labels = []``) over examples with gold
+    entities: the error says the list is empty, not that the examples have no entity."""
+    nlp, ner = _component()
+    examples = make_examples(nlp, [("John lives in Paris .", [(0, 4, "PER"), (14, 19, "LOC")])])
+    with pytest.raises(ValueError) as err:
+        ner.initialize(lambda: examples, nlp=nlp, labels=[])
+    assert str(err.value) == (
+        "[fsemicrf_ner] no entity labels to learn: the labels given to initialize are an empty "
+        "list (the 1 initialization examples have 2 gold entities, labels ['LOC', 'PER'], "
+        "which are taken only when no labels are given). Give the labels in "
+        "[initialize.components.fsemicrf_ner.labels], or leave them out.")
+    ner.initialize(lambda: examples, nlp=nlp)
+    assert ner.labels == ("LOC", "PER")
+
+
 def test_initialize_keeps_earlier_labels_once_and_rebuilds_the_head_for_more():
     """Labels added before come first, each once; initializing again with one more label
     builds a head for the larger set."""
