@@ -11,9 +11,9 @@ child also keeps the memory it frees for its next batch (:mod:`spacy_fsemicrf.wo
 Making, training or running an ``fsemicrf_ner`` component registers the handler (an unpickled
 one was never made), so a process that has run such a pipeline has it before it forks; others,
 where installing the package makes spaCy import it through its entry points, keep their
-children as they are. A process started without ``fork`` (the ``spawn`` and ``forkserver``
-start methods; ``spawn`` is the default on macOS and Windows) gets the component pickled, and
-runs :func:`one_thread_in_child` when it unpickles it (:func:`unpickled_in_child`).
+children as they are. A process not forked from the one holding the component (the ``spawn``
+and ``forkserver`` start methods; ``spawn`` is the default on macOS and Windows) gets it
+pickled, and runs :func:`one_thread_in_child` when it unpickles it (:func:`unpickled_in_child`).
 """
 import os
 from typing import Any, Callable, Tuple

@@ -456,8 +456,9 @@ class HostLogPartition(torch.autograd.Function):
         if torch.is_grad_enabled() and marginals.numel():
             raise RuntimeError(
                 "the filtered graph's log Z is differentiable once where it has cliques or "
-                "small clusters (solved on the host); for second derivatives give "
-                "transitions (zeros for none): the position scan is differentiable twice"
+                "small clusters (solved on the host); for second derivatives give the nodes' "
+                "labels and transitions (zeros for none): the position scan is differentiable "
+                "twice"
             )
         node_doc = torch.from_numpy(ctx.node_doc).to(grad_totals.device)
         return grad_totals[node_doc] * marginals, None, None

@@ -553,8 +553,8 @@ def filtered_log_partition(
     """``log Z`` per document, ``[B]``: logsumexp of the scores of all maximal paths
     (differentiable: its gradient with respect to the node scores is the node marginals; once
     only where the graph has cliques or small clusters, which are solved on the host: a
-    gradient with ``create_graph=True`` raises an error there unless ``transitions`` are given,
-    zeros for none, which run the position scan on every document).
+    gradient with ``create_graph=True`` raises an error there unless ``node_labels`` and
+    ``transitions`` are given, zeros for none, which run the position scan on every document).
 
     ``node_scores``, ``node_mask`` and ``node_labels`` are ``[B, L, K]`` grids (labels only
     matter with ``transitions``); ``node_index``, the flat indices of the nodes in grid order,
