@@ -17,6 +17,7 @@ import torch
 
 from . import filtered
 from .linear_crf import TagScheme, crf_marginals, crf_span_marginals
+from .semiring import wide
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
 
@@ -35,8 +36,7 @@ def local_label_probability(
     """``[n]``: the local classifier's probability (softmax over null and the labels) of each
     listed span (flat ``[B, L, K]`` grid ``index``) having its label, in float32, or float64
     if ``local`` is."""
-    planes = filtered.label_planes(local).index_select(1, index)
-    planes = planes if planes.dtype == torch.float64 else planes.float()
+    planes = wide(filtered.label_planes(local).index_select(1, index))
     return planes.log_softmax(0).gather(0, labels.view(1, -1)).squeeze(0).exp()
 
 

@@ -35,7 +35,7 @@ from .compaction import (
     HostClusters, HostLogPartition, ScanBlock, compact, disjoint, host_array, solve_host,
     to_device,
 )
-from .semiring import lse, logaddexp, masked_fill_neg, neg_value
+from .semiring import lse, logaddexp, masked_fill_neg, neg_value, wide
 from .spans import check_lengths, overlap_mask, span_ends
 
 
@@ -184,8 +184,7 @@ def inference_node_set(
     (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``), in float32, or float64 if
     they are."""
     index, labels = _filter(local_scores, lengths, margin)
-    scores = label_planes(global_scores)[labels, index]
-    scores = scores if scores.dtype == torch.float64 else scores.float()
+    scores = wide(label_planes(global_scores)[labels, index])
     return NodeSet(index, labels, scores, tuple(local_scores.shape[:3]))
 
 

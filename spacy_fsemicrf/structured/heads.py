@@ -54,7 +54,7 @@ from .semicrf import (
     semicrf_marginals_and_log_z,
     semicrf_viterbi,
 )
-from .semiring import masked_fill_neg
+from .semiring import masked_fill_neg, wide
 from .spans import (
     SpanFeaturizer,
     boundary_neighbors,
@@ -77,12 +77,6 @@ PREDICT_BLOCK = 2048
 # products that long give the same entries as one over the whole batch (very short ones may
 # round differently).
 PREDICT_CHUNK_ELEMENTS = 2**18
-
-
-def _wide(scores: torch.Tensor) -> torch.Tensor:
-    """``scores`` in float32, or float64 in a double head: half-precision scores (CUDA
-    autocast) are summed in float32, and a double head computes its losses in double."""
-    return scores if scores.dtype == torch.float64 else scores.float()
 
 
 def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
@@ -388,7 +382,7 @@ class FilteredSemiCRFHead(nn.Module):
         grid = gold_label_grid(gold, lengths, L, K, C - 1)
         valid = span_mask(lengths, L, K)
         ce = nn.functional.cross_entropy(
-            _wide(local.reshape(-1, C)), grid.reshape(-1), reduction="none"
+            wide(local.reshape(-1, C)), grid.reshape(-1), reduction="none"
         ).view(B, L, K)
         weight = torch.where(grid > 0, 1.0, self.null_weight) * valid
         if self.focal_gamma > 0:
@@ -398,7 +392,7 @@ class FilteredSemiCRFHead(nn.Module):
         if self.boundary_smoothing > 0:
             loss_local = loss_local + self._smoothing_correction(local, lengths, gold)
         if self.exact_loss > 0:
-            exact = _wide(glob)
+            exact = wide(glob)
             loss_local = loss_local + self.exact_loss * (
                 semicrf_log_partition(exact, lengths, None)
                 - semicrf_gold_score(exact, lengths, gold, None)
@@ -406,7 +400,7 @@ class FilteredSemiCRFHead(nn.Module):
         mask, labels = filtered.training_nodes(local.detach(), lengths, grid,
                                                overlapping_only=not self.null_tokens,
                                                margin=self.train_margin)
-        scores = _wide(glob).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        scores = wide(glob).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         if self.refiner is not None:
             index = filtered.grid_index(mask)
             refined = self.refine(glob, index, labels.view(-1)[index], tokens)
@@ -414,7 +408,7 @@ class FilteredSemiCRFHead(nn.Module):
             scores = scores.reshape(-1).index_copy(0, index, refined).view_as(scores)
         if self.null_tokens:
             return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid)
-        T = None if self.transitions is None else _wide(self.transitions)
+        T = None if self.transitions is None else wide(self.transitions)
         log_z = filtered.filtered_log_partition(scores, mask, labels, T)
         gold_score = filtered.path_score(scores, grid > 0, labels, T)
         return loss_local + (log_z - gold_score).sum()
@@ -441,7 +435,7 @@ class FilteredSemiCRFHead(nn.Module):
     def _null_scores(glob: torch.Tensor) -> torch.Tensor:
         """``[B, L]``: each token's null score, the global head's null output at its width-1
         span (an output the paper's graph leaves unused)."""
-        return _wide(glob[:, :, 0, 0])
+        return wide(glob[:, :, 0, 0])
 
     def _smoothing_correction(
         self, local: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor
@@ -452,9 +446,9 @@ class FilteredSemiCRFHead(nn.Module):
         eps = self.boundary_smoothing
         gold = gold.to(local.device).long().view(-1, 4)
         doc, start, end, label = gold.unbind(-1)
-        at_gold = _wide(local[doc, start, end - start])  # [G, C]
+        at_gold = wide(local[doc, start, end - start])  # [G, C]
         rows, share = boundary_neighbors(gold, lengths, self.max_width)
-        at_next = _wide(local[rows[:, 0], rows[:, 1], rows[:, 2]])  # [N, C]
+        at_next = wide(local[rows[:, 0], rows[:, 1], rows[:, 2]])  # [N, C]
         to_null = (at_gold.gather(1, label.unsqueeze(1)) - at_gold[:, :1]).sum()
         to_label = share * (at_next[:, 0] - at_next.gather(1, rows[:, 3:]).squeeze(1))
         return eps * (to_null + self.null_weight * to_label.sum())
@@ -541,7 +535,7 @@ class FilteredSemiCRFHead(nn.Module):
         return Prediction(nodes.spans(best), conf[best], path, candidates, None)
 
     def _transitions(self) -> Optional[torch.Tensor]:
-        return None if self.transitions is None else _wide(self.transitions.detach())
+        return None if self.transitions is None else wide(self.transitions.detach())
 
     @torch.no_grad()
     def nbest(
@@ -614,7 +608,7 @@ class SemiCRFHead(nn.Module):
         one token) hold NEG."""
         check_batch(X, lengths)
         context = self.word_pool(self.context(X, lengths), lengths, words)
-        scores = _wide(self.scorer(context, lengths))
+        scores = wide(self.scorer(context, lengths))
         B, L, K, C = scores.shape
         keep = span_mask(lengths, L, K).unsqueeze(-1).expand(B, L, K, C).clone()
         keep[:, :, 1:, 0] = False
@@ -630,7 +624,7 @@ class SemiCRFHead(nn.Module):
     ) -> HeadOutput:
         """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
         scores = self.span_scores(X, lengths, words)
-        T = None if self.transitions is None else _wide(self.transitions)
+        T = None if self.transitions is None else wide(self.transitions)
         if gold is not None:
             log_z = semicrf_log_partition(scores, lengths, T)
             return (log_z - semicrf_gold_score(scores, lengths, gold, T)).sum()
@@ -644,7 +638,7 @@ class SemiCRFHead(nn.Module):
         ``options`` asks for besides."""
         check_lengths(lengths, tuple(scores.shape[:2]), "the scores")
         check_scores(scores)
-        T = None if self.transitions is None else _wide(self.transitions.detach())
+        T = None if self.transitions is None else wide(self.transitions.detach())
         spans, best = semicrf_viterbi(scores, lengths, T)
         reports = None
         if options.constrained():
@@ -671,7 +665,7 @@ class SemiCRFHead(nn.Module):
         self, X: torch.Tensor, lengths: torch.Tensor, k: int, words: Optional[torch.Tensor] = None
     ) -> List[List[Segmentation]]:
         """The ``k`` best segmentations of each document, with their probabilities."""
-        T = None if self.transitions is None else _wide(self.transitions.detach())
+        T = None if self.transitions is None else wide(self.transitions.detach())
         scores = self.span_scores(X, lengths, words)
         check_scores(scores)
         return semicrf_nbest(scores, lengths, T, k)
@@ -719,7 +713,7 @@ class LinearCRFHead(nn.Module):
     ) -> torch.Tensor:
         """``[B, L, n_tags]`` tag scores of every token."""
         check_batch(X, lengths)
-        return _wide(self.emitter(self.word_pool(self.context(X, lengths), lengths, words)))
+        return wide(self.emitter(self.word_pool(self.context(X, lengths), lengths, words)))
 
     def forward(
         self,
@@ -731,7 +725,7 @@ class LinearCRFHead(nn.Module):
     ) -> HeadOutput:
         """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
         emissions = self.emissions(X, lengths, words)
-        T = _wide(self.transitions)
+        T = wide(self.transitions)
         allowed = self.allowed.to(emissions.device)
         if gold is not None:
             tags = spans_to_tags(gold.to(emissions.device), lengths, X.shape[1], self.scheme)
@@ -747,7 +741,7 @@ class LinearCRFHead(nn.Module):
         what ``options`` asks for besides."""
         check_lengths(lengths, tuple(emissions.shape[:2]), "the emissions")
         check_scores(emissions)
-        T = _wide(self.transitions.detach())
+        T = wide(self.transitions.detach())
         allowed = self.allowed.to(emissions.device)
         tags, best = crf_viterbi(emissions, T, lengths, allowed)
         reports = None
@@ -779,7 +773,7 @@ class LinearCRFHead(nn.Module):
     ) -> List[List[Segmentation]]:
         """The ``k`` best tag sequences of each document, as entities, with their probabilities."""
         allowed = self.allowed.to(X.device)
-        T = _wide(self.transitions.detach())
+        T = wide(self.transitions.detach())
         emissions = self.emissions(X, lengths, words)
         check_scores(emissions)
         return crf_nbest(emissions, T, lengths, self.scheme, k, allowed)

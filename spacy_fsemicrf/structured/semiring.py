@@ -24,6 +24,12 @@ def neg_value(dtype: torch.dtype) -> float:
     return _NARROW.get(dtype, NEG)
 
 
+def wide(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` in float32, or float64 in a double head: half-precision scores (CUDA
+    autocast) are summed in float32, and a double head computes in double."""
+    return scores if scores.dtype == torch.float64 else scores.float()
+
+
 def masked_fill_neg(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Return ``scores`` with the entries where ``keep`` is False replaced by :data:`NEG`."""
     return torch.where(keep, scores, scores.new_full((), neg_value(scores.dtype)))
