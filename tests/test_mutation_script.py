@@ -33,3 +33,13 @@ def test_modules_replace_those_of_the_only_group_run_and_split_among_several():
     assert mutation.modules_of(component, [calibration], 1) == [calibration]
     assert mutation.modules_of(structured, [filtered, calibration], 2) == [filtered]
     assert mutation.modules_of(component, [filtered], 2) == component.modules
+
+
+def test_every_group_names_modules_and_test_files_that_exist():
+    """A module glob that matches nothing or a misspelt test file would only shrink a run."""
+    for name, group in mutation.GROUPS.items():
+        for module in group.modules:
+            assert list(ROOT.glob(module)), (name, module)
+        for test in group.tests:
+            assert (ROOT / test).is_file(), (name, test)
+    assert set(mutation.DEFAULT_GROUPS) <= set(mutation.GROUPS)
