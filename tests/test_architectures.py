@@ -345,6 +345,82 @@ def test_a_saved_head_with_other_settings_fails_to_load_with_the_differences():
         deserialize_head(spec, None, srsly.msgpack_dumps([1, 2]), torch.device("cpu"))
 
 
+def test_a_saved_head_s_record_and_what_loading_says_about_it():
+    """The record names its format; a setting only one side has is shown as unset; data that
+    this package did not write (another model's, or no record at all) is named as such."""
+    import srsly
+    import torch
+
+    from spacy_fsemicrf.serialize import (
+        SERIAL_FORMAT, UninitializedHead, deserialize_head, instantiate_head, serialize_head)
+
+    cpu = torch.device("cpu")
+    kwargs = {"max_width": 3, "hidden_width": 8, "context_depth": 0}
+    spec = {"arch": "FilteredSemiCRF", "kwargs": kwargs}
+    data = serialize_head(instantiate_head("FilteredSemiCRF", kwargs, 6, 2))
+    record = srsly.msgpack_loads(data)
+    assert {k: v for k, v in record.items() if k != "state"} == {
+        "format": SERIAL_FORMAT, "initialized": True, "arch": "FilteredSemiCRF",
+        "kwargs": kwargs, "input_width": 6, "n_labels": 2}
+    placeholder = serialize_head(UninitializedHead())
+    assert srsly.msgpack_loads(placeholder) == {"format": SERIAL_FORMAT, "initialized": False}
+    assert isinstance(deserialize_head(spec, None, placeholder, cpu), UninitializedHead)
+    # "bogus" only in the config (as None), context_depth only in the saved head
+    other = {"max_width": 3, "hidden_width": 8, "bogus": None}
+    with pytest.raises(ValueError) as err:
+        deserialize_head({**spec, "kwargs": other}, None, data, cpu)
+    assert str(err.value) == (
+        "Cannot load the fsemicrf_ner model: it was trained with a different head configuration "
+        "than the one in the current config: bogus = '<unset>' (config: None); "
+        "context_depth = 0 (config: '<unset>'). Load the pipeline with the config it was "
+        "trained with.")
+    # Thinc's own PyTorch shim writes a dict of its config and state; b"\xc1" is no msgpack
+    for foreign in (srsly.msgpack_dumps({"config": {}, "state": b""}), b"\xc1"):
+        with pytest.raises(ValueError) as err:
+            deserialize_head(spec, None, foreign, cpu)
+        assert str(err.value) == (
+            "Cannot load the fsemicrf_ner head: the saved data was not written by "
+            "spacy-fsemicrf (was the pipeline trained with another model architecture?)")
+    with pytest.raises(ValueError) as err:
+        instantiate_head("FilteredSemiCRF", kwargs, 6, 0)
+    assert str(err.value) == "The fsemicrf_ner head needs at least one entity label."
+    with pytest.raises(ValueError) as err:
+        instantiate_head("Filtered", kwargs, 6, 2)
+    assert str(err.value) == (
+        "Unknown head 'Filtered'; expected one of ['FilteredSemiCRF', 'LinearCRF', 'SemiCRF']")
+
+
+def test_a_head_saved_on_a_gpu_loads_on_the_device_it_is_loaded_for(monkeypatch):
+    """Weights whose record says ``cuda:0`` (saved from a GPU) load onto the CPU asked for, as
+    on a machine without a GPU, where torch.load alone refuses them."""
+    import torch
+
+    from spacy_fsemicrf.serialize import deserialize_head, instantiate_head, serialize_head
+
+    kwargs = {"max_width": 3, "hidden_width": 8, "context_depth": 0}
+    head = instantiate_head("FilteredSemiCRF", kwargs, 6, 2)
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        data = serialize_head(head)
+    spec = {"arch": "FilteredSemiCRF", "kwargs": kwargs}
+    loaded = deserialize_head(spec, None, data, torch.device("cpu"))
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert b.device.type == "cpu" and torch.equal(a, b), name
+
+
+def test_the_head_of_a_component_not_initialized_tells_to_initialize():
+    """``torch_head`` is a placeholder until the labels are known: calling it says what to do."""
+    import spacy
+    import torch
+
+    ner = spacy.blank("en").add_pipe("fsemicrf_ner")
+    message = ("The fsemicrf_ner model has not been initialized: call nlp.initialize() (or train "
+               "the pipeline) before using it.")
+    with pytest.raises(ValueError) as err:
+        ner.torch_head(torch.zeros((1, 2, 4)))
+    assert str(err.value) == message
+
+
 def test_word_ids_match_lower_case_forms_across_the_batch():
     import spacy
     from spacy.tokens import Doc
