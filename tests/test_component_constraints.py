@@ -117,6 +117,26 @@ def test_a_sentence_scope_on_a_document_without_sentences_warns_once(trained, ca
     assert not [r for r in caplog.records if "sentence boundaries" in r.getMessage()]
 
 
+def test_the_sentence_scope_warning_reads_every_document_of_two_tokens_or_more(trained, caplog):
+    """A document without constraints before the one with a per-sentence constraint is passed
+    over; two tokens may be two sentences, one token cannot."""
+    ner = trained.get_pipe("fsemicrf_ner")
+    per_sentence = [{"kind": "at_most", "label": "ORG", "n": 1, "scope": "sentence"}]
+
+    def warnings_for(*texts):
+        docs = [trained.make_doc(text) for text in texts]
+        docs[-1].user_data[USER_DATA_KEY] = per_sentence
+        ner._warned_unsegmented = False
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+            list(ner.pipe(docs))
+        return [r for r in caplog.records if "sentence boundaries" in r.getMessage()]
+
+    assert len(warnings_for(TWO_ORGS, TWO_ORGS)) == 1
+    assert len(warnings_for("Google Apple")) == 1
+    assert not warnings_for("Google")
+
+
 def test_document_constraints_too_many_with_the_components_are_left_out(trained, caplog):
     """Each set alone fits the search (31 states); together they need 961, more than
     MAX_STATES. The combined set was compiled outside the check and stopped the whole pipe."""
@@ -218,6 +238,24 @@ def test_invalid_document_constraints_are_warned_about_once(trained, caplog):
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         ner(doc)
     assert len([r for r in caplog.records if "left out" in r.getMessage()]) == 1
+
+
+def test_one_unknown_label_leaves_out_all_the_documents_constraints(trained, caplog):
+    """The document's forced span goes with its constraint that names an unknown label, and
+    the warning names that label (not the search states of the constraints together)."""
+    ner = trained.get_pipe("fsemicrf_ner")
+    doc = trained.make_doc(TWO_ORGS)
+    doc.user_data[USER_DATA_KEY] = [{"kind": "force_span", "start": 0, "end": 2, "label": "ORG"},
+                                    {"kind": "at_most", "label": "DRUG", "n": 1}]
+    assert ner._forced_spans(doc) == set()
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        doc = ner(doc)
+    assert labels_of(doc, "ORG") == ["Google", "Apple"]
+    assert "constraints" not in doc.spans["fsemicrf"].attrs
+    [message] = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert message == (f"fsemicrf_ner: the constraints in doc.user_data[{USER_DATA_KEY!r}] are "
+                       f"left out: at_most: unknown label 'DRUG'; the labels are "
+                       f"{list(ner.labels)}")
 
 
 @pytest.mark.parametrize("kind", ["at_least", "exactly"])
