@@ -86,6 +86,22 @@ def test_span_groups_keep_their_tokens():
     assert group[1][-1].text == "."
 
 
+def test_entity_links_keep_their_tokens():
+    """Links are given by character offsets, which the new token texts shift."""
+    nlp = spacy.blank("en")
+    augment = create_entity_token_replacement(level=1.0)
+    random.seed(1)
+    for eg in examples(nlp)[1:]:  # fill the pool with other names first
+        list(augment(nlp, eg))
+    text, ents = TEXTS[0]
+    links = {(15, 25): {"Q1": 1.0}, (29, 34): {"Q90": 1.0}}  # "Mary Jones", "Paris"
+    eg = Example.from_dict(nlp.make_doc(text), {"entities": ents, "links": links})
+    (out,) = list(augment(nlp, eg))
+    assert out is not eg and out.reference.text != text
+    assert [(e.start, e.end, e.label_, e.kb_id_) for e in out.reference.ents] == \
+        [(0, 2, "PER", ""), (3, 5, "PER", "Q1"), (6, 7, "LOC", "Q90")]
+
+
 def test_the_component_does_not_count_made_up_names_as_seen():
     nlp = spacy.blank("en")
     ner = nlp.add_pipe("fsemicrf_ner")
