@@ -123,6 +123,19 @@ GROUPS: Dict[str, Group] = {
         ],
         deselect=["two_processes"],  # a subprocess pipeline, as in the component's
     ),
+    "annotate": Group(
+        # the driver's side runs in the test's process; a task runs in a worker process of a
+        # LocalCluster, or in the test's process where a test calls it
+        modules=[
+            "spacy_fsemicrf/annotate/shards.py",
+            "spacy_fsemicrf/annotate/inputs.py",
+            "spacy_fsemicrf/annotate/engine.py",
+        ],
+        tests=["tests/test_annotate.py"],
+        # the runs of the command in a subprocess, killed or interrupted mid-run, and a worker
+        # killed mid-run: a minute each, for what the other runs of a cluster check too
+        deselect=["interrupted_run", "ctrl_c_says", "killed_worker"],
+    ),
 }
 """Test files that are not in the tree are left out (the list names those of every module)."""
 # what a run without --groups mutates (docs/mutation.md): the structured core and the component
