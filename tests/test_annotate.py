@@ -765,10 +765,15 @@ def test_a_local_cluster_whose_client_fails_is_closed(monkeypatch):
 
     monkeypatch.setattr(engine, "LocalCluster", Cluster)
     monkeypatch.setattr(engine, "Client", client)
-    with pytest.raises(OSError, match="timed out"):
-        connect(None, 1)
+    # Ctrl-C's handler as in a terminal (a job started in the background ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(OSError, match="timed out"):
+            connect(None, 1)
+    finally:
+        restored = signal.signal(signal.SIGINT, previous)
     assert len(closed) == 1
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert restored is signal.default_int_handler
 
 
 def test_ctrl_c_is_left_alone_where_its_handler_could_not_be_put_back(monkeypatch):
