@@ -34,6 +34,7 @@ import argparse
 import logging
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -306,7 +307,9 @@ def read_docs(path: Union[str, Path], vocab) -> List[Doc]:
     """The documents of a ``.spacy`` file (DocBin) or of a directory of them. Raises
     :class:`CorpusError` for a directory without ``.spacy`` files or a file DocBin cannot read
     (rather than finding no entities in it)."""
-    files = corpus_files(path)
+    with warnings.catch_warnings():  # spaCy's W090 for a directory without files: said below
+        warnings.simplefilter("ignore", UserWarning)
+        files = corpus_files(path)
     if not files:
         raise CorpusError(f"no .spacy file in {path}")
     docs: List[Doc] = []
@@ -324,7 +327,8 @@ def read_examples(path: Union[str, Path], nlp: Language) -> List[Example]:
     text as the tokenizer splits it (a document's own tokens when its spaces are unknown), and
     documents without tokens left out. ``Corpus`` itself reads a file only if its name ends in
     ``.spacy``: from another, no examples, with a mere warning."""
-    return list(Corpus(path).make_examples(nlp, read_docs(path, nlp.vocab)))
+    docs = read_docs(path, nlp.vocab)  # first: its error, not Corpus's warning, for no file
+    return list(Corpus(path).make_examples(nlp, docs))
 
 
 def unannotated(doc: Doc) -> Doc:

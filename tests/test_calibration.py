@@ -1406,7 +1406,8 @@ def test_the_command_says_what_is_wrong_with_its_paths(small_nlp, tmp_path, caps
          "cannot read"),
     ]
     for argv, message in cases:
-        with pytest.raises(SystemExit) as exit_info:
+        with pytest.raises(SystemExit) as exit_info, warnings.catch_warnings():
+            warnings.simplefilter("error")  # the message, not spaCy's W090 before it
             calibration.main(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is None
