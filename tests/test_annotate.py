@@ -151,6 +151,36 @@ def test_two_workers_annotate_like_nlp_pipe(client, model_dir, corpus, expected,
         assert all(n < 2 * PAGES for n in faults.values()), faults
 
 
+def test_the_tasks_run_in_this_process_annotate_like_nlp_pipe(model_dir, corpus, expected,
+                                                             tmp_path):
+    """What a worker runs for each shard, run in the test's process, where a test sees every
+    call: the same output as the cluster's, and each task's counts."""
+    from spacy_fsemicrf.annotate.engine import shard_task
+    from spacy_fsemicrf.annotate.shards import merge_entities, prepare_output
+
+    out = tmp_path / "out"
+    shards = plan_shards(corpus, SHARD)
+    prepare_output(out, str(model_dir), SHARD, shards)
+    results = []
+    for shard in shards:
+        start = time.perf_counter()
+        results.append(shard_task(str(model_dir), shard, str(out), BATCH))
+        elapsed = time.perf_counter() - start
+        assert 0 < results[-1]["seconds"] <= elapsed
+    assert [(r["index"], r["docs"], r["pid"]) for r in results] == [
+        (s.index, s.count, os.getpid()) for s in shards]
+    assert sum(r["entities"] for r in results) == len(expected[2])
+    assert load_counts()[str(model_dir)] == 1  # loaded once for every task
+    merge_entities(out, shards)
+    check_output(out, expected, spacy.blank("en").vocab)
+    # a bad input is returned, not raised (a worker would log it with its traceback)
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    (bad,) = plan_shards(tmp_path / "bad.jsonl", SHARD)
+    error = shard_task(str(model_dir), bad, str(out), BATCH)
+    assert isinstance(error, AnnotateError) and str(error).endswith(
+        "; fix INPUT, then rerun with --update: the shards written are kept")
+
+
 def test_a_killed_worker_loses_no_document(client, model_dir, corpus, expected, tmp_path):
     killed = []
 
@@ -256,7 +286,8 @@ def test_ctrl_c_says_what_was_written_and_a_rerun_finishes(client, model_dir, co
     check_output(out, expected, spacy.blank("en").vocab)
 
 
-def test_annotate_leaves_this_process_environment_as_it_was(model_dir, tmp_path, monkeypatch):
+def test_annotate_leaves_this_process_environment_as_it_was(model_dir, tmp_path, monkeypatch,
+                                                           capsys):
     # Dask's nannies write their workers' variables (OMP_NUM_THREADS=1, ...) into the
     # environment of the process that starts them; every process started later inherited them.
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
@@ -266,9 +297,128 @@ def test_annotate_leaves_this_process_environment_as_it_was(model_dir, tmp_path,
     corpus = tmp_path / "in.jsonl"
     corpus.write_text('{"text": "John Smith works for Google in Paris ."}\n', encoding="utf8")
     before = dict(os.environ)
-    summary = annotate(str(model_dir), corpus, tmp_path / "out", workers=1, progress=False)
-    assert summary.docs == 1
+    summary = annotate(str(model_dir), corpus, tmp_path / "out", workers=1, progress=True)
+    assert (summary.docs, summary.workers) == (1, 1)
     assert dict(os.environ) == before
+    assert "1/1" in capsys.readouterr().err  # the progress bar, in documents
+    # nothing left to do: no cluster is started
+    again = annotate(str(model_dir), corpus, tmp_path / "out", workers=1, progress=False)
+    assert (again.workers, again.skipped_shards) == (0, 1)
+
+
+def test_a_run_on_a_scheduler_runs_on_its_cluster(client, model_dir, tmp_path):
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in make_texts(4, 6)))
+    done = []
+    summary = annotate(str(model_dir), corpus, tmp_path / "out", scheduler=client.scheduler.address,
+                       shard_size=1, progress=False, on_shard_done=done.append)
+    assert summary.workers == 2 and len(done) == 4
+    assert {r["pid"] for r in done} <= set(client.run(os.getpid).values())
+
+
+def test_connect_asks_dask_for_what_annotate_needs(monkeypatch):
+    import logging
+
+    import dask.system
+
+    from spacy_fsemicrf.annotate import engine
+
+    made, calls = [], []
+
+    class Cluster:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+
+        def close(self):
+            pass
+
+    def client(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "client"
+
+    monkeypatch.setattr(engine, "LocalCluster", Cluster)
+    monkeypatch.setattr(engine, "Client", client)
+    monkeypatch.setattr(dask.system, "CPU_COUNT", 3)
+    for workers, n_workers in ((None, 3), (2, 2)):
+        _, cluster = connect(None, workers)
+        assert made[-1] == {
+            "n_workers": n_workers, "threads_per_worker": 1, "processes": True,
+            "dashboard_address": None, "scheduler_kwargs": {"dashboard_address": ":0"},
+            "silence_logs": logging.ERROR, "preload": [engine.WORKER_PRELOAD]}
+        assert calls[-1] == ((cluster,), {})
+    monkeypatch.setattr(dask.system, "CPU_COUNT", None)
+    connect(None, None)
+    assert made[-1]["n_workers"] == 1
+    assert connect("tcp://scheduler:8786", None) == ("client", None)
+    assert calls[-1] == (("tcp://scheduler:8786",), {"timeout": "30s"})
+
+    def unreachable(*args, **kwargs):
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(engine, "Client", unreachable)
+    with pytest.raises(AnnotateError) as err:
+        connect("tcp://scheduler:8786", None)
+    assert str(err.value) == (
+        "cannot reach the Dask scheduler at tcp://scheduler:8786: connection refused")
+    monkeypatch.setattr(engine, "Client", None)
+    with pytest.raises(AnnotateError) as err:
+        connect(None, 1)
+    assert str(err.value) == (
+        "annotate needs Dask distributed: pip install 'spacy-fsemicrf[annotate]'")
+
+
+def test_the_tasks_are_submitted_counted_and_their_failures_named(tmp_path, monkeypatch, capsys):
+    """Each shard's task is impure (run again, never a cached result) and gets the batch size;
+    the progress bar counts documents from those already written; the first failure cancels
+    the rest."""
+    from spacy_fsemicrf.annotate import engine
+    from spacy_fsemicrf.annotate.inputs import Shard
+
+    shards = [Shard(i, "in.jsonl", "in.jsonl", 10 * i, 10) for i in range(3)]
+
+    class Future:
+        def __init__(self, key, result):
+            self.key, self._result = key, result
+
+        def result(self):
+            if isinstance(self._result, BaseException) and not isinstance(
+                    self._result, AnnotateError):
+                raise self._result
+            return self._result
+
+    class Client:
+        def __init__(self, results):
+            self.results, self.submitted, self.cancelled = results, [], []
+
+        def submit(self, task, *args, **kwargs):
+            self.submitted.append((task, args, kwargs))
+            shard = args[1]
+            return Future(f"task-{shard.index}", self.results(shard))
+
+        def cancel(self, futures):
+            self.cancelled.extend(futures)
+
+    monkeypatch.setattr(engine, "as_completed", iter)
+    fine = Client(lambda shard: {"index": shard.index, "docs": shard.count})
+    for progress in (False, True):
+        done = []
+        engine._run_tasks(fine, "model", shards[1:], shards, tmp_path, 7, progress, done.append)
+        assert [r["index"] for r in done] == [1, 2]
+        bar = capsys.readouterr().err
+        assert (bar == "") != progress
+    where = os.path.abspath(tmp_path)
+    assert fine.submitted[:2] == [(engine.shard_task, ("model", shard, where, 7), {"pure": False})
+                                  for shard in shards[1:]]
+    assert "10/30" in bar and "30/30" in bar and "doc/s" in bar
+    bug = Client(lambda shard: ValueError("boom") if shard.index == 1 else {"docs": 10})
+    with pytest.raises(AnnotateError) as err:
+        engine._run_tasks(bug, "model", shards, shards, tmp_path, 7, False, None)
+    assert str(err.value) == "shard 1 (in.jsonl, documents 10..19) failed: ValueError: boom"
+    assert len(bug.cancelled) == 3
+    user = Client(lambda shard: AnnotateError("bad input") if shard.index == 0 else {"docs": 10})
+    with pytest.raises(AnnotateError, match="^bad input$"):
+        engine._run_tasks(user, "model", shards, shards, tmp_path, 7, False, None)
+    assert len(user.cancelled) == 3
 
 
 def test_the_default_local_cluster_has_a_worker_per_usable_core(monkeypatch):
@@ -359,6 +509,72 @@ def test_a_line_that_is_not_utf8_fails_with_its_line(tmp_path):
         read_shard(shard, spacy.blank("en").vocab)
 
 
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "in.jsonl:3: not valid JSON (Expecting property name enclosed in double "
+                  "quotes: line 1 column 2 (char 1))"),
+    ('["Mary flew to Rome ."]', "in.jsonl:3: expected a JSON object with a 'text' field"),
+    ('{"id": "x"}', "in.jsonl:3: the document has no text (its 'text' field must be a "
+                    "non-empty string)"),
+    ('{"id": "x", "text": " "}', "in.jsonl:3: the document has no text (its 'text' field must "
+                                 "be a non-empty string)"),
+])
+def test_a_bad_record_is_named_by_its_file_and_line(tmp_path, line, message):
+    """As a worker reads it (the run's message adds what to do next)."""
+    first = json.dumps({"text": "John lives in Paris ."})
+    (tmp_path / "in.jsonl").write_text(first + "\n\n" + line + "\n")
+    (shard,) = plan_shards(tmp_path / "in.jsonl", 10)
+    with pytest.raises(AnnotateError) as err:
+        read_shard(shard, spacy.blank("en").vocab)
+    assert str(err.value) == message
+
+
+def test_an_input_that_changed_or_vanished_since_the_plan_is_named(tmp_path):
+    vocab = spacy.blank("en").vocab
+    texts = ["John lives in Paris .", "Mary flew to Rome .", "Anna stayed ."]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    shards = plan_shards(path, 2)
+    # the default ids count the documents of the file, whatever the shard
+    assert [read_shard(s, vocab) for s in shards] == [
+        (texts[:2], ["in.jsonl:0", "in.jsonl:1"]), (texts[2:], ["in.jsonl:2"])]
+    path.write_text(json.dumps({"text": texts[0]}) + "\n")
+    with pytest.raises(AnnotateError) as err:
+        read_shard(shards[0], vocab)
+    assert str(err.value) == "in.jsonl ended before line 2: it changed since the run started"
+    path.unlink()
+    with pytest.raises(AnnotateError, match=f"^cannot read {path}: .*No such file"):
+        read_shard(shards[0], vocab)
+    DocBin(docs=[spacy.blank("en").make_doc(t) for t in texts]).to_disk(tmp_path / "b.spacy")
+    (shard,) = plan_shards(tmp_path / "b.spacy", 10)
+    (tmp_path / "b.spacy").unlink()
+    with pytest.raises(AnnotateError, match="^cannot read .*b.spacy: .*No such file"):
+        read_shard(shard, vocab)
+    from spacy_fsemicrf.annotate.inputs import _read_bytes, file_digest
+
+    for read in (file_digest, _read_bytes):
+        with pytest.raises(AnnotateError, match="^cannot read .*b.spacy: .*No such file"):
+            read(tmp_path / "b.spacy")
+
+
+def test_a_spacy_file_is_read_as_it_was_saved(tmp_path):
+    """Without stored user data (DocBin's default), with a document whose spacing is unknown;
+    a document with no text is named."""
+    nlp = spacy.blank("en")
+    docs = [nlp.make_doc("Mary flew to Rome ."), Doc(nlp.vocab, words=["Anna", "stayed"])]
+    assert docs[1].has_unknown_spaces
+    DocBin(docs=docs).to_disk(tmp_path / "b.spacy")
+    (shard,) = plan_shards(tmp_path / "b.spacy", 10)
+    read, ids = read_shard(shard, nlp.vocab)
+    assert ids == ["b.spacy:0", "b.spacy:1"]
+    assert [(d.text, d.has_unknown_spaces) for d in read] == [
+        ("Mary flew to Rome .", False), ("Anna stayed ", True)]
+    DocBin(docs=docs + [nlp.make_doc("")]).to_disk(tmp_path / "c.spacy")
+    (shard,) = plan_shards(tmp_path / "c.spacy", 10)
+    with pytest.raises(AnnotateError) as err:
+        read_shard(shard, nlp.vocab)
+    assert str(err.value) == "c.spacy: document 2 has no text"
+
+
 def test_a_spacy_file_is_read_once_to_plan_its_shards(tmp_path, monkeypatch):
     DocBin(docs=[spacy.blank("en").make_doc("Mary flew to Rome .")]).to_disk(tmp_path / "b.spacy")
     opened = []
@@ -428,6 +644,23 @@ def test_an_output_inside_the_input_directory_is_refused(model_dir, tmp_path):
         with pytest.raises(AnnotateError, match="inside the INPUT directory"):
             annotate(str(model_dir), corpus, output, progress=False)
     assert sorted(p.name for p in corpus.iterdir()) == ["a.jsonl"]
+
+
+def test_an_output_not_finished_or_not_readable_is_named(tmp_path):
+    import re
+
+    from spacy_fsemicrf.annotate.shards import prepare_output
+
+    out = tmp_path / "out"
+    prepare_output(out, "model", 10, plan_shards_of_one_text(tmp_path))
+    with pytest.raises(AnnotateError) as err:
+        read_output(out, spacy.blank("en").vocab)
+    assert str(err.value) == (
+        f"{shard_paths(out, 0)['docs']} is missing: the run has not finished; rerun it")
+    (out / "manifest.json").write_text("{")
+    with pytest.raises(AnnotateError, match="^" + re.escape(
+            f"cannot read {out / 'manifest.json'}: Expecting")):
+        read_output(out, spacy.blank("en").vocab)
 
 
 def test_output_files_are_readable_as_the_umask_allows(tmp_path):
@@ -506,6 +739,23 @@ def test_entity_scores_come_from_the_span_group(trained_nlp):
     assert [r["score"] for r in records] == [by_span[(r["start"], r["end"])] for r in records]
     assert all(r["id"] == 7 for r in records)
     assert all(r["score"] is None for r in entity_records(doc, 7, ["other"]))
+    # a key without a group before the one that has it: the scores are found all the same
+    assert entity_records(doc, 7, [key, "other"]) == records
+    assert entity_records(doc, 7, ["other", key]) == records
+    fields = ["end", "id", "label", "score", "start", "text"]
+    assert [sorted(r) for r in records] == [fields] * len(records)
+    assert [r["text"] for r in records] == [doc.text[r["start"]:r["end"]] for r in records]
+
+
+def test_the_score_keys_are_those_of_the_span_writers_once_each():
+    from spacy_fsemicrf.annotate.shards import score_keys
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("sentencizer")  # no spans_key
+    nlp.add_pipe("fsemicrf_ner")
+    nlp.add_pipe("fsemicrf_ner", name="again")  # the same key
+    nlp.add_pipe("fsemicrf_ner", name="other", config={"spans_key": "other"})
+    assert score_keys(nlp) == ["fsemicrf", "other"]
 
 
 def test_a_failed_shard_write_leaves_nothing(tmp_path):
@@ -515,6 +765,62 @@ def test_a_failed_shard_write_leaves_nothing(tmp_path):
     (tmp_path / "shards").mkdir()
     with pytest.raises(Exception):
         write_shard(tmp_path, 0, [doc], [{"id": "x"}])
+    assert list((tmp_path / "shards").iterdir()) == []
+
+
+def test_a_pipeline_that_does_not_load_is_named_with_the_machine(tmp_path):
+    """As a worker says it, where the model may be missing on that machine only."""
+    import re
+    import socket
+
+    from spacy_fsemicrf.annotate.engine import load_pipeline
+
+    model = str(tmp_path / "no-model")
+    with pytest.raises(AnnotateError, match="^" + re.escape(
+            f"cannot load the pipeline {model!r} on {socket.gethostname()}: ")):
+        load_pipeline(model)
+    assert model not in load_counts()
+
+
+def test_what_a_failed_task_and_an_interrupted_run_say(tmp_path):
+    """A task that raised something else than an AnnotateError (a bug, a worker it killed)
+    is named by its documents; an interrupted run says what is written, also when it was
+    pickled on its way (its arguments rebuild it)."""
+    import pickle
+
+    from spacy_fsemicrf.annotate.engine import Interrupted, _task_error
+    from spacy_fsemicrf.annotate.inputs import Shard
+
+    shard = Shard(3, str(tmp_path / "in.jsonl"), "in.jsonl", 20, 10)
+    error = _task_error(shard, ValueError("boom"))
+    assert isinstance(error, AnnotateError)
+    assert str(error) == "shard 3 (in.jsonl, documents 20..29) failed: ValueError: boom"
+    stop = Interrupted(tmp_path / "out", 3, 24)
+    assert isinstance(stop, KeyboardInterrupt) and stop.args == (tmp_path / "out", 3, 24)
+    message = (f"3 of 24 shards are written in {tmp_path / 'out'}; run the same command again "
+               f"to annotate the other 21")
+    assert str(stop) == str(pickle.loads(pickle.dumps(stop))) == message
+
+
+def test_a_shard_s_entities_are_utf8_text(tmp_path):
+    (tmp_path / "shards").mkdir()
+    write_shard(tmp_path, 0, [spacy.blank("en")("Zürich .")], [{"id": "x", "text": "Zürich"}])
+    assert shard_paths(tmp_path, 0)["entities"].read_bytes() == (
+        '{"id": "x", "text": "Zürich"}\n'.encode("utf8"))
+
+
+def test_a_shard_whose_files_cannot_be_renamed_into_place_leaves_nothing(tmp_path,
+                                                                        monkeypatch):
+    """Both temporary files written, the first rename fails (a full or vanished disk)."""
+    from spacy_fsemicrf.annotate import shards
+
+    def fail(src, dst):
+        raise OSError("No space left on device")
+
+    (tmp_path / "shards").mkdir()
+    monkeypatch.setattr(shards.os, "replace", fail)
+    with pytest.raises(OSError, match="No space left"):
+        write_shard(tmp_path, 0, [spacy.blank("en")("Hello there .")], [{"id": "x"}])
     assert list((tmp_path / "shards").iterdir()) == []
 
 
@@ -666,6 +972,11 @@ def test_an_earlier_manifest_is_compared_by_layout_and_file_digest(model_dir, tm
     shards = plan_shards(corpus, 10)
     if earlier == "no digests":  # nothing but the layout to compare
         assert prepare_output(out, str(model_dir), 10, shards) == []
+        write_earlier()
+        (corpus / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
+                                                for t in texts + texts[:1]))
+        assert prepare_output(out, str(model_dir), 10, plan_shards(corpus, 10),
+                              update=True) == [2]  # 6 records, not 5: another layout
         return
     with pytest.raises(AnnotateError, match="3 of 5 shards differ"):
         prepare_output(out, str(model_dir), 10, shards)
@@ -744,6 +1055,9 @@ def test_an_update_reads_a_spacy_shard_as_annotate_reads_it(model_dir, tmp_path)
     assert save(docs) == [2]
     assert save(docs[:4] + [Doc(nlp.vocab, words=["A", "B"]), Doc(nlp.vocab, words=["C"])]) == [2]
     assert save(docs[:4] + [Doc(nlp.vocab, words=["A"]), Doc(nlp.vocab, words=["B", "C"])]) == [2]
+    # the same words and spaces, the spacing now known: annotation reads it otherwise
+    known = Doc(nlp.vocab, words=["B", "C"], spaces=[True, True])
+    assert save(docs[:4] + [Doc(nlp.vocab, words=["A"]), known]) == [2]
 
 
 def test_a_local_cluster_whose_client_fails_is_closed(monkeypatch):
