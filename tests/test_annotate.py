@@ -152,11 +152,22 @@ def test_two_workers_annotate_like_nlp_pipe(client, model_dir, corpus, expected,
 
 
 def test_the_tasks_run_in_this_process_annotate_like_nlp_pipe(model_dir, corpus, expected,
-                                                             tmp_path):
+                                                             tmp_path, monkeypatch):
     """What a worker runs for each shard, run in the test's process, where a test sees every
-    call: the same output as the cluster's, and each task's counts."""
+    call: the same output as the cluster's, each task's counts, and the batch size asked for."""
+    from spacy.language import Language
+
     from spacy_fsemicrf.annotate.engine import shard_task
     from spacy_fsemicrf.annotate.shards import merge_entities, prepare_output
+
+    batch_sizes = []
+    pipe = Language.pipe
+
+    def recording_pipe(self, texts, **kwargs):
+        batch_sizes.append(kwargs.get("batch_size"))
+        return pipe(self, texts, **kwargs)
+
+    monkeypatch.setattr(Language, "pipe", recording_pipe)
 
     out = tmp_path / "out"
     shards = plan_shards(corpus, SHARD)
@@ -171,6 +182,7 @@ def test_the_tasks_run_in_this_process_annotate_like_nlp_pipe(model_dir, corpus,
         (s.index, s.count, os.getpid()) for s in shards]
     assert sum(r["entities"] for r in results) == len(expected[2])
     assert load_counts()[str(model_dir)] == 1  # loaded once for every task
+    assert batch_sizes == [BATCH] * len(shards)  # --batch-size reaches nlp.pipe
     merge_entities(out, shards)
     check_output(out, expected, spacy.blank("en").vocab)
     # a bad input is returned, not raised (a worker would log it with its traceback)
