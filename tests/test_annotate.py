@@ -857,7 +857,8 @@ def test_a_shard_docbin_is_the_docbin_of_its_documents(trained_nlp):
             assert mine.dtype == theirs.dtype and numpy.array_equal(mine, theirs)
     for field in ("flags", "cats", "user_data", "span_groups"):
         assert getattr(built, field) == getattr(expected, field)
-    back = [DocBin().from_bytes(b.to_bytes()).get_docs(trained_nlp.vocab) for b in (built, expected)]
+    back = [DocBin().from_bytes(b.to_bytes()).get_docs(trained_nlp.vocab)
+            for b in (built, expected)]
     assert [d.to_json() for d in back[0]] == [d.to_json() for d in back[1]]
     assert shard_docbin([]).to_bytes() == DocBin(store_user_data=True).to_bytes()
 
@@ -1112,6 +1113,98 @@ def test_ctrl_c_is_left_alone_where_its_handler_could_not_be_put_back(monkeypatc
     monkeypatch.setattr(engine.signal, "getsignal", lambda signum: None)
     monkeypatch.setattr(engine.signal, "signal",
                         lambda signum, handler: set_to.append(handler) or None)
-    with engine.ctrl_c_ignored():
-        pass
+    for left_alone in (engine.ctrl_c_ignored, engine.ctrl_c_deferred):
+        with left_alone():
+            pass
     assert set_to == []
+
+
+class InterruptedCall:
+    """A client whose blocking calls receive Ctrl-C midway (as the terminal sends it while
+    Dask's ``sync`` waits for the event loop), as often as ``times`` gives for each call's
+    name, and record that they returned."""
+
+    def __init__(self, **times: int):
+        self.times, self.returned = times, []
+
+    def call(self, name, value=None):
+        for _ in range(self.times.get(name, 0)):
+            signal.raise_signal(signal.SIGINT)
+        self.returned.append(name)
+        return value
+
+    def submit(self, task, model, shard, *args, **kwargs):
+        future = type("Future", (), {})()
+        future.key = f"task-{shard.index}"
+        future.result = lambda: self.call("result", self.result_of(shard))
+        return future
+
+    def result_of(self, shard):
+        return {"index": shard.index, "docs": shard.count}
+
+    def cancel(self, futures):
+        self.call("cancel")
+
+    def scheduler_info(self):
+        return self.call("scheduler_info", {"workers": {"w": {}}})
+
+    def close(self):
+        self.call("close")
+
+
+@pytest.fixture
+def terminal_ctrl_c():
+    """Ctrl-C's handler as in a terminal (a job started in the background ignores SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    assert signal.signal(signal.SIGINT, previous) is signal.default_int_handler
+
+
+def test_ctrl_c_in_a_client_call_lands_after_it_returns(tmp_path, monkeypatch, terminal_ctrl_c):
+    """Ctrl-C during ``Future.result`` (Dask's ``sync``) before its coroutine started had the
+    event loop log a NameError traceback (distributed's cancel callback reads a variable not
+    yet set) under the command's one-line message. The call now finishes first; the
+    KeyboardInterrupt follows it, and a second Ctrl-C interrupts at once."""
+    from spacy_fsemicrf.annotate import engine
+    from spacy_fsemicrf.annotate.inputs import Shard
+
+    monkeypatch.setattr(engine, "as_completed", iter)
+    shards = [Shard(i, "in.jsonl", "in.jsonl", 10 * i, 10) for i in range(3)]
+    once, done = InterruptedCall(result=1), []
+    with pytest.raises(KeyboardInterrupt):
+        engine._run_tasks(once, "model", shards, shards, tmp_path, 7, False, done.append)
+    assert once.returned == ["result"] and done == []
+
+    failing = InterruptedCall(cancel=1)
+    failing.result_of = lambda shard: AnnotateError("bad input")
+    with pytest.raises(KeyboardInterrupt):
+        engine._run_tasks(failing, "model", shards, shards, tmp_path, 7, False, None)
+    assert failing.returned == ["result", "cancel"]
+
+    twice = InterruptedCall(result=2)
+    with pytest.raises(KeyboardInterrupt):
+        engine._run_tasks(twice, "model", shards, shards, tmp_path, 7, False, None)
+    assert twice.returned == []
+
+    # ignored (a background job): nothing is raised, every shard is done
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        engine._run_tasks(once, "model", shards, shards, tmp_path, 7, False, done.append)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert [r["index"] for r in done] == [0, 1, 2]
+
+
+def test_ctrl_c_while_the_own_cluster_closes_lets_it_close(tmp_path, monkeypatch,
+                                                          terminal_ctrl_c):
+    """The run's own client and cluster close even when Ctrl-C comes while they do (the client
+    first: a cluster closed under it logs its lost connections)."""
+    from spacy_fsemicrf.annotate import engine
+
+    client, closed = InterruptedCall(scheduler_info=1, close=1), []
+    cluster = type("Cluster", (), {"close": lambda self: closed.append("cluster")})()
+    monkeypatch.setattr(engine, "connect", lambda scheduler, workers: (client, cluster))
+    monkeypatch.setattr(engine, "_run_tasks", lambda *args: None)
+    with pytest.raises(KeyboardInterrupt):
+        engine._run_todo(None, None, 1, "model", ["shard"], [], tmp_path, None, False, None)
+    assert client.returned == ["scheduler_info", "close"] and closed == ["cluster"]

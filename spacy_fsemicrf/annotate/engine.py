@@ -203,6 +203,33 @@ def ctrl_c_ignored() -> Iterator[None]:
 
 
 @contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """A first Ctrl-C held back until the block ends, then delivered to the handler that was
+    set before; a second one interrupts at once. Around the client's blocking calls
+    (``Future.result``, ``cancel``, ``scheduler_info``, ``close``): Dask's ``sync`` interrupted
+    before its coroutine starts has its event loop log a NameError traceback (its cancel
+    callback reads a variable not yet set)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is None):
+        yield
+        return
+    pending = []
+
+    def hold(signum: int, frame: Any) -> None:
+        pending.append(signum)
+        if len(pending) > 1:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if len(pending) == 1:
+            signal.raise_signal(signal.SIGINT)
+
+
+@contextmanager
 def nanny_environment_restored() -> Iterator[None]:
     """Undo, on leaving, what Dask writes into this process's ``os.environ`` to pass to the
     workers its nannies start (``distributed.nanny.pre-spawn-environ``: OMP_NUM_THREADS=1,
@@ -293,13 +320,15 @@ def _run_todo(client, scheduler: Optional[str], workers: Optional[int], model: s
         if own_client:
             client, cluster = connect(scheduler, workers)
         try:
-            n_workers = len(client.scheduler_info()["workers"]) if client is not None else 0
+            with ctrl_c_deferred():
+                n_workers = len(client.scheduler_info()["workers"]) if client is not None else 0
             _run_tasks(client, model, todo, shards, output, batch_size, progress, on_shard_done)
         finally:
             if own_client:
-                client.close()
-                if cluster is not None:
-                    cluster.close()
+                with ctrl_c_deferred():
+                    client.close()
+                    if cluster is not None:
+                        cluster.close()
     return n_workers
 
 
@@ -320,14 +349,18 @@ def _run_tasks(client, model: str, todo: List[Shard], shards: List[Shard], outpu
     total = sum(s.count for s in shards)
     initial = total - sum(s.count for s in todo)
     with tqdm(total=total, initial=initial, unit="doc", disable=not progress) as bar:
+        # Ctrl-C while as_completed waits stops there; in the client's calls, right after them
         for future in as_completed(futures):
             try:
-                result = future.result()
+                with ctrl_c_deferred():
+                    result = future.result()
             except Exception as err:  # a bug, or a shard that killed its workers (KilledWorker)
-                client.cancel(futures)
+                with ctrl_c_deferred():
+                    client.cancel(futures)
                 raise _task_error(by_key[future.key], err) from err
             if isinstance(result, AnnotateError):
-                client.cancel(futures)
+                with ctrl_c_deferred():
+                    client.cancel(futures)
                 raise result
             bar.update(result["docs"])
             if on_shard_done is not None:
