@@ -1195,6 +1195,20 @@ def test_ctrl_c_in_a_client_call_lands_after_it_returns(tmp_path, monkeypatch, t
     assert [r["index"] for r in done] == [0, 1, 2]
 
 
+def test_the_run_hands_its_options_to_the_task_loop(tmp_path, monkeypatch):
+    """``_run_todo`` passes the batch size (and the rest) on to the tasks of a given client,
+    counts its workers and leaves that client open."""
+    from spacy_fsemicrf.annotate import engine
+
+    client, calls = InterruptedCall(), []
+    monkeypatch.setattr(engine, "_run_tasks", lambda *args: calls.append(args))
+    done = []
+    n_workers = engine._run_todo(client, None, None, "model", ["todo"], ["all"], tmp_path, 7,
+                                 True, done.append)
+    assert calls == [(client, "model", ["todo"], ["all"], tmp_path, 7, True, done.append)]
+    assert n_workers == 1 and client.returned == ["scheduler_info"]
+
+
 def test_ctrl_c_while_the_own_cluster_closes_lets_it_close(tmp_path, monkeypatch,
                                                           terminal_ctrl_c):
     """The run's own client and cluster close even when Ctrl-C comes while they do (the client
