@@ -1222,3 +1222,169 @@ def test_ctrl_c_while_the_own_cluster_closes_lets_it_close(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         engine._run_todo(None, None, 1, "model", ["shard"], [], tmp_path, None, False, None)
     assert client.returned == ["scheduler_info", "close"] and closed == ["cluster"]
+
+
+def test_the_output_layout_and_the_temporary_files_a_rerun_removes(tmp_path):
+    """Shards are ``shards/NNNNNN.spacy`` with their ``.jsonl``; a file being written is a
+    hidden temporary beside its final name, and a rerun removes those a killed run left: in
+    ``shards/`` and, for the manifest and the merged entities, in OUTPUT itself (which were
+    left there before). Nothing else is touched."""
+    from spacy_fsemicrf.annotate.shards import (TMP_SUFFIX, _mkstemp, prepare_output,
+                                                remove_temporary)
+
+    out = tmp_path / "out"
+    prepare_output(out, "model", 10, plan_shards_of_one_text(tmp_path))
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shards"]
+    assert shard_paths(out, 3) == {"docs": out / "shards" / "000003.spacy",
+                                   "entities": out / "shards" / "000003.jsonl"}
+    left = []
+    for final in (*shard_paths(out, 0).values(), out / "manifest.json", out / "entities.jsonl"):
+        fd, tmp = _mkstemp(final)
+        os.close(fd)
+        tmp = Path(tmp)
+        assert tmp.parent == final.parent
+        assert tmp.name.startswith(f".{final.name}.") and tmp.name.endswith(TMP_SUFFIX)
+        left.append(tmp)
+    (out / ".notes.tmp").write_text("the user's")
+    assert remove_temporary(out) == 4
+    assert not any(tmp.exists() for tmp in left) and (out / ".notes.tmp").exists()
+    assert remove_temporary(out) == 0
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from spacy_fsemicrf.annotate import shards
+
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shards.os, "fsync", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        shards._write_tmp(tmp_path / "manifest.json", b"{}")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    out = tmp_path / "out"
+    one = plan_shards_of_one_text(tmp_path)
+    shards.prepare_output(out, "model", 10, one)
+    with pytest.raises(FileNotFoundError):  # the shard's entities are not there to merge
+        shards.merge_entities(out, one)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "shards"]
+
+
+def test_an_output_that_cannot_be_checked_updated_or_written_says_why(tmp_path, monkeypatch):
+    import pathlib
+    import re
+
+    from spacy_fsemicrf.annotate import shards
+
+    one = plan_shards_of_one_text(tmp_path)
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "shards").write_text("a file")
+    with pytest.raises(AnnotateError, match="^" + re.escape(
+            f"OUTPUT {out} must be a directory: {out / 'shards'} is a file") + "$"):
+        shards.prepare_output(out, "model", 10, one)
+    (out / "shards").unlink()
+    # a manifest without its shards (written by hand, or cut short) holds no finished shard
+    (out / "manifest.json").write_text(json.dumps(
+        {"format": shards.MANIFEST_FORMAT, "model": "model", "shard_size": 10}))
+    with pytest.raises(AnnotateError, match=re.escape("another input (1 of 1 shards differ)")):
+        shards.prepare_output(out, "model", 10, one)
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(pathlib.Path, "unlink", read_only)
+    with pytest.raises(AnnotateError, match="^" + re.escape(
+            f"cannot update OUTPUT {out}: [Errno 30] Read-only file system") + "$"):
+        shards.prepare_output(out, "model", 10, one, update=True)
+    monkeypatch.undo()
+    monkeypatch.setattr(shards, "_replace", read_only)
+    with pytest.raises(AnnotateError, match="^" + re.escape(
+            f"cannot write into OUTPUT {out}: [Errno 30] Read-only file system") + "$"):
+        shards.prepare_output(out, "model", 10, one, update=True)
+
+
+def test_inputs_found_and_refused_by_name(tmp_path):
+    """In a directory, only files named .jsonl or .spacy are inputs (not a folder so named);
+    a shard size below 1 and an input that cannot be read are refused with what is wrong."""
+    import re
+
+    from spacy_fsemicrf.annotate import inputs
+
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "Hello ."}) + "\n")
+    (tmp_path / "notes.txt").write_text("not an input")
+    (tmp_path / "more.jsonl").mkdir()
+    (tmp_path / "more.jsonl" / "a.jsonl").write_text(json.dumps({"text": "Hi ."}) + "\n")
+    assert [name for _, name in inputs.input_files(tmp_path)] == ["in.jsonl", "more.jsonl/a.jsonl"]
+    with pytest.raises(AnnotateError, match="^the shard size must be at least 1, got 0$"):
+        plan_shards(tmp_path, 0)
+    with pytest.raises(AnnotateError, match="^" + re.escape(
+            f"cannot read {tmp_path / 'more.jsonl'}: [Errno 21] Is a directory")):
+        inputs._jsonl_shard_starts(tmp_path / "more.jsonl", 10)
+
+
+def test_a_model_is_a_pipeline_directory_or_an_installed_package(tmp_path, monkeypatch):
+    from spacy_fsemicrf.annotate.engine import resolve_model
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AnnotateError) as err:
+        resolve_model("empty", must_exist_here=True)
+    assert str(err.value) == "MODEL empty is not a spaCy pipeline directory (no config.cfg)"
+    assert resolve_model("spacy", must_exist_here=True) == "spacy"  # an installed package
+    with pytest.raises(AnnotateError, match="^MODEL 'no_such_pipeline' not found: it is "):
+        resolve_model("no_such_pipeline", must_exist_here=True)
+    assert resolve_model("no_such_pipeline", must_exist_here=False) == "no_such_pipeline"
+
+
+def test_annotate_hands_its_settings_on_and_sums_up_the_run(tmp_path, monkeypatch):
+    """What ``annotate`` gives its task loop (stood in for here: it writes some of the shards,
+    then returns or is interrupted) and what it makes of the result: the summary, the
+    interrupted run's counts, the shards a loop did not write."""
+    import re
+    import shutil
+
+    from spacy_fsemicrf.annotate import engine
+
+    nlp = spacy.blank("en")
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"text": f"Text {i} ."}) + "\n" for i in range(25)))
+    calls, loop = [], {"writes": 1, "interrupted": True}
+
+    def run_todo(client, scheduler, workers, model, todo, shards, output, batch_size, progress,
+                 on_shard_done):
+        calls.append((client, scheduler, workers, model, [s.index for s in todo], batch_size,
+                      progress, on_shard_done))
+        for shard in todo[:loop["writes"]]:
+            write_shard(output, shard.index, [nlp("Text .")], [{"id": shard.index}])
+        if loop["interrupted"]:
+            raise KeyboardInterrupt
+        return 3
+
+    monkeypatch.setattr(engine, "_run_todo", run_todo)
+    monkeypatch.setattr(engine, "Client", None)  # a client given needs no Dask import here
+    monkeypatch.chdir(tmp_path)
+    client, out = object(), tmp_path / "out"
+    with pytest.raises(engine.Interrupted) as err:
+        annotate("a_package", tmp_path / "in.jsonl", out, client=client, shard_size=10)
+    assert err.value.args == (out, 1, 3)
+    assert calls[-1] == (client, None, None, "a_package", [0, 1, 2], None, True, None)
+    assert json.loads((out / "manifest.json").read_text())["shard_size"] == 10
+
+    loop.update(writes=2, interrupted=False)
+    start = time.perf_counter()
+    summary = annotate("a_package", tmp_path / "in.jsonl", out, client=client, shard_size=10,
+                       batch_size=4, progress=False, on_shard_done=print)
+    elapsed = time.perf_counter() - start
+    assert calls[-1] == (client, None, None, "a_package", [1, 2], 4, False, print)
+    assert summary == engine.Summary(docs=25, shards=3, skipped_shards=1, entities=3, workers=3,
+                                     seconds=summary.seconds, entities_path=out / "entities.jsonl")
+    assert 0 < summary.seconds <= elapsed
+
+    shutil.rmtree(out)
+    loop.update(writes=1)
+    with pytest.raises(AnnotateError, match="^" + re.escape(
+            f"shards {list(range(1, 11))} were not written; rerun to finish them") + "$"):
+        annotate("a_package", tmp_path / "in.jsonl", out, client=client, shard_size=2)
+    with pytest.raises(AnnotateError, match="^" + re.escape(engine.NO_DASK) + "$"):
+        annotate("a_package", tmp_path / "in.jsonl", tmp_path / "other", shard_size=2)

@@ -28,6 +28,8 @@ from .inputs import AnnotateError, Shard, file_digest
 
 MANIFEST_FORMAT = 2  # 1: a digest of each input file, in each of its shards
 TMP_SUFFIX = ".tmp"
+# OUTPUT's files beside its shards/ folder
+MANIFEST, ENTITIES = "manifest.json", "entities.jsonl"
 
 
 def _process_umask() -> int:
@@ -165,9 +167,13 @@ def finished_shards(output: Path, shards: Iterable[Shard]) -> Set[int]:
 
 
 def remove_temporary(output: Path) -> int:
-    """Remove temporary files left by an interrupted run; their number."""
+    """Remove the temporary files left by a run killed while writing (the shards', the
+    manifest's, the merged entities'); their number."""
     removed = 0
-    for tmp in (output / "shards").glob(f".*{TMP_SUFFIX}"):
+    left = list((output / "shards").glob(f".*{TMP_SUFFIX}"))
+    for name in (MANIFEST, ENTITIES):
+        left.extend(output.glob(f".{name}.*{TMP_SUFFIX}"))
+    for tmp in left:
         tmp.unlink(missing_ok=True)
         removed += 1
     return removed
@@ -188,7 +194,7 @@ def prepare_output(
         "shard_size": shard_size,
         "shards": [shard.to_dict() for shard in shards],
     }
-    path = output / "manifest.json"
+    path = output / MANIFEST
     for folder in (output, output / "shards"):
         if folder.exists() and not folder.is_dir():
             raise AnnotateError(f"OUTPUT {output} must be a directory: {folder} is a file")
@@ -223,7 +229,7 @@ def prepare_output(
                 for file in (paths["docs"], paths["entities"]):  # .spacy first: it marks a shard
                     file.unlink(missing_ok=True)
             if changed:
-                (output / "entities.jsonl").unlink(missing_ok=True)
+                (output / ENTITIES).unlink(missing_ok=True)
         except OSError as err:
             raise AnnotateError(f"cannot update OUTPUT {output}: {err}") from err
     try:
@@ -276,7 +282,7 @@ def _read_manifest(path: Path) -> Dict[str, Any]:
 
 def merge_entities(output: Path, shards: List[Shard]) -> Path:
     """Concatenate the shards' entity files, in input order, into OUTPUT/entities.jsonl."""
-    final = output / "entities.jsonl"
+    final = output / ENTITIES
     fd, tmp = _mkstemp(final)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -297,7 +303,7 @@ def _replace(final: Path, data: bytes) -> None:
 def read_output(output: Union[str, Path], vocab: Vocab) -> List[Doc]:
     """Every annotated document of OUTPUT, in input order (ids in ``doc.user_data["id"]``)."""
     output = Path(output)
-    manifest = _read_manifest(output / "manifest.json")
+    manifest = _read_manifest(output / MANIFEST)
     docs: List[Doc] = []
     for shard in manifest["shards"]:
         path = shard_paths(output, shard["index"])["docs"]
@@ -309,6 +315,6 @@ def read_output(output: Union[str, Path], vocab: Vocab) -> List[Doc]:
 
 def read_entities(output: Union[str, Path]) -> List[Dict[str, Any]]:
     """The records of OUTPUT/entities.jsonl."""
-    with (Path(output) / "entities.jsonl").open(encoding="utf8") as f:
+    with (Path(output) / ENTITIES).open(encoding="utf8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
