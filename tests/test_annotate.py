@@ -812,6 +812,9 @@ def test_what_a_failed_task_and_an_interrupted_run_say(tmp_path):
     message = (f"3 of 24 shards are written in {tmp_path / 'out'}; run the same command again "
                f"to annotate the other 21")
     assert str(stop) == str(pickle.loads(pickle.dumps(stop))) == message
+    assert str(Interrupted(tmp_path / "out", 24, 24)) == (
+        f"all 24 shards are written in {tmp_path / 'out'}; run the same command again to merge "
+        f"their entities")
 
 
 def test_a_shard_s_entities_are_utf8_text(tmp_path):

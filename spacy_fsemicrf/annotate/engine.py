@@ -74,6 +74,9 @@ class Interrupted(KeyboardInterrupt):
         self.output, self.written, self.total = output, written, total
 
     def __str__(self) -> str:
+        if self.written == self.total:  # stopped while its own cluster closed
+            return (f"all {self.total} shards are written in {self.output}; run the same "
+                    f"command again to merge their entities")
         return (f"{self.written} of {self.total} shards are written in {self.output}; run the "
                 f"same command again to annotate the other {self.total - self.written}")
 
