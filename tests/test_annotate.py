@@ -13,6 +13,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy
 import pytest
@@ -379,6 +380,46 @@ def test_connect_asks_dask_for_what_annotate_needs(monkeypatch):
         "annotate needs Dask distributed: pip install 'spacy-fsemicrf[annotate]'")
 
 
+class StandInClient:
+    """A Dask client in the test's process. Each task's result is ``results(shard)`` (an
+    exception other than an AnnotateError is raised by ``Future.result``, as a failed task's);
+    it records what was submitted and cancelled and which blocking calls returned. Those calls
+    receive Ctrl-C midway (as the terminal sends it while Dask's ``sync`` waits for the event
+    loop) as often as ``interrupts`` gives for each call's name."""
+
+    def __init__(self, results=None, **interrupts: int):
+        self.results = results or (lambda shard: {"index": shard.index, "docs": shard.count})
+        self.interrupts = interrupts
+        self.submitted, self.cancelled, self.returned = [], [], []
+
+    def call(self, name, value=None):
+        for _ in range(self.interrupts.get(name, 0)):
+            signal.raise_signal(signal.SIGINT)
+        self.returned.append(name)
+        return value
+
+    def submit(self, task, *args, **kwargs):
+        self.submitted.append((task, args, kwargs))
+        shard = args[1]
+        return SimpleNamespace(key=f"task-{shard.index}", result=lambda: self.result(shard))
+
+    def result(self, shard):
+        result = self.call("result", self.results(shard))
+        if isinstance(result, BaseException) and not isinstance(result, AnnotateError):
+            raise result
+        return result
+
+    def cancel(self, futures):
+        self.cancelled.extend(futures)
+        self.call("cancel")
+
+    def scheduler_info(self):
+        return self.call("scheduler_info", {"workers": {"w": {}}})
+
+    def close(self):
+        self.call("close")
+
+
 def test_the_tasks_are_submitted_counted_and_their_failures_named(tmp_path, monkeypatch, capsys):
     """Each shard's task is impure (run again, never a cached result) and gets the batch size;
     the progress bar counts documents from those already written; the first failure cancels
@@ -387,31 +428,8 @@ def test_the_tasks_are_submitted_counted_and_their_failures_named(tmp_path, monk
     from spacy_fsemicrf.annotate.inputs import Shard
 
     shards = [Shard(i, "in.jsonl", "in.jsonl", 10 * i, 10) for i in range(3)]
-
-    class Future:
-        def __init__(self, key, result):
-            self.key, self._result = key, result
-
-        def result(self):
-            if isinstance(self._result, BaseException) and not isinstance(
-                    self._result, AnnotateError):
-                raise self._result
-            return self._result
-
-    class Client:
-        def __init__(self, results):
-            self.results, self.submitted, self.cancelled = results, [], []
-
-        def submit(self, task, *args, **kwargs):
-            self.submitted.append((task, args, kwargs))
-            shard = args[1]
-            return Future(f"task-{shard.index}", self.results(shard))
-
-        def cancel(self, futures):
-            self.cancelled.extend(futures)
-
     monkeypatch.setattr(engine, "as_completed", iter)
-    fine = Client(lambda shard: {"index": shard.index, "docs": shard.count})
+    fine = StandInClient()
     for progress in (False, True):
         done = []
         engine._run_tasks(fine, "model", shards[1:], shards, tmp_path, 7, progress, done.append)
@@ -422,12 +440,13 @@ def test_the_tasks_are_submitted_counted_and_their_failures_named(tmp_path, monk
     assert fine.submitted[:2] == [(engine.shard_task, ("model", shard, where, 7), {"pure": False})
                                   for shard in shards[1:]]
     assert "10/30" in bar and "30/30" in bar and "doc/s" in bar
-    bug = Client(lambda shard: ValueError("boom") if shard.index == 1 else {"docs": 10})
+    bug = StandInClient(lambda shard: ValueError("boom") if shard.index == 1 else {"docs": 10})
     with pytest.raises(AnnotateError) as err:
         engine._run_tasks(bug, "model", shards, shards, tmp_path, 7, False, None)
     assert str(err.value) == "shard 1 (in.jsonl, documents 10..19) failed: ValueError: boom"
     assert len(bug.cancelled) == 3
-    user = Client(lambda shard: AnnotateError("bad input") if shard.index == 0 else {"docs": 10})
+    user = StandInClient(
+        lambda shard: AnnotateError("bad input") if shard.index == 0 else {"docs": 10})
     with pytest.raises(AnnotateError, match="^bad input$"):
         engine._run_tasks(user, "model", shards, shards, tmp_path, 7, False, None)
     assert len(user.cancelled) == 3
@@ -1122,39 +1141,6 @@ def test_ctrl_c_is_left_alone_where_its_handler_could_not_be_put_back(monkeypatc
     assert set_to == []
 
 
-class InterruptedCall:
-    """A client whose blocking calls receive Ctrl-C midway (as the terminal sends it while
-    Dask's ``sync`` waits for the event loop), as often as ``times`` gives for each call's
-    name, and record that they returned."""
-
-    def __init__(self, **times: int):
-        self.times, self.returned = times, []
-
-    def call(self, name, value=None):
-        for _ in range(self.times.get(name, 0)):
-            signal.raise_signal(signal.SIGINT)
-        self.returned.append(name)
-        return value
-
-    def submit(self, task, model, shard, *args, **kwargs):
-        future = type("Future", (), {})()
-        future.key = f"task-{shard.index}"
-        future.result = lambda: self.call("result", self.result_of(shard))
-        return future
-
-    def result_of(self, shard):
-        return {"index": shard.index, "docs": shard.count}
-
-    def cancel(self, futures):
-        self.call("cancel")
-
-    def scheduler_info(self):
-        return self.call("scheduler_info", {"workers": {"w": {}}})
-
-    def close(self):
-        self.call("close")
-
-
 @pytest.fixture
 def terminal_ctrl_c():
     """Ctrl-C's handler as in a terminal (a job started in the background ignores SIGINT)."""
@@ -1173,18 +1159,17 @@ def test_ctrl_c_in_a_client_call_lands_after_it_returns(tmp_path, monkeypatch, t
 
     monkeypatch.setattr(engine, "as_completed", iter)
     shards = [Shard(i, "in.jsonl", "in.jsonl", 10 * i, 10) for i in range(3)]
-    once, done = InterruptedCall(result=1), []
+    once, done = StandInClient(result=1), []
     with pytest.raises(KeyboardInterrupt):
         engine._run_tasks(once, "model", shards, shards, tmp_path, 7, False, done.append)
     assert once.returned == ["result"] and done == []
 
-    failing = InterruptedCall(cancel=1)
-    failing.result_of = lambda shard: AnnotateError("bad input")
+    failing = StandInClient(lambda shard: AnnotateError("bad input"), cancel=1)
     with pytest.raises(KeyboardInterrupt):
         engine._run_tasks(failing, "model", shards, shards, tmp_path, 7, False, None)
     assert failing.returned == ["result", "cancel"]
 
-    twice = InterruptedCall(result=2)
+    twice = StandInClient(result=2)
     with pytest.raises(KeyboardInterrupt):
         engine._run_tasks(twice, "model", shards, shards, tmp_path, 7, False, None)
     assert twice.returned == []
@@ -1203,7 +1188,7 @@ def test_the_run_hands_its_options_to_the_task_loop(tmp_path, monkeypatch):
     counts its workers and leaves that client open."""
     from spacy_fsemicrf.annotate import engine
 
-    client, calls = InterruptedCall(), []
+    client, calls = StandInClient(), []
     monkeypatch.setattr(engine, "_run_tasks", lambda *args: calls.append(args))
     done = []
     n_workers = engine._run_todo(client, None, None, "model", ["todo"], ["all"], tmp_path, 7,
@@ -1218,7 +1203,7 @@ def test_ctrl_c_while_the_own_cluster_closes_lets_it_close(tmp_path, monkeypatch
     first: a cluster closed under it logs its lost connections)."""
     from spacy_fsemicrf.annotate import engine
 
-    client, closed = InterruptedCall(scheduler_info=1, close=1), []
+    client, closed = StandInClient(scheduler_info=1, close=1), []
     cluster = type("Cluster", (), {"close": lambda self: closed.append("cluster")})()
     monkeypatch.setattr(engine, "connect", lambda scheduler, workers: (client, cluster))
     monkeypatch.setattr(engine, "_run_tasks", lambda *args: None)

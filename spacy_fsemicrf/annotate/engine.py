@@ -187,22 +187,29 @@ def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]
 
 
 @contextmanager
+def _ctrl_c_handled_by(handler: Any) -> Iterator[None]:
+    """``handler`` for Ctrl-C (SIGINT) within the block, the present one back after it. Left
+    alone outside the main thread (handlers belong to it) and where the present handler was set
+    outside Python (``getsignal`` gives None: it could not be put back)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is None):
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
 def ctrl_c_ignored() -> Iterator[None]:
     """Ctrl-C ignored while the local cluster and its client start (a few seconds): the worker
     processes started meanwhile inherit that and cannot die of it while they import, each with
     a traceback, before their preload ignores it; and a cluster interrupted while it starts is
     left to Dask to close at exit, workers after their scheduler, with more tracebacks."""
-    # signal handlers belong to the main thread; a handler set outside Python (None) could not
-    # be put back
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is None):
+    with _ctrl_c_handled_by(signal.SIG_IGN):
         yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @contextmanager
@@ -212,10 +219,6 @@ def ctrl_c_deferred() -> Iterator[None]:
     (``Future.result``, ``cancel``, ``scheduler_info``, ``close``): Dask's ``sync`` interrupted
     before its coroutine starts has its event loop log a NameError traceback (its cancel
     callback reads a variable not yet set)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is None):
-        yield
-        return
     pending = []
 
     def hold(signum: int, frame: Any) -> None:
@@ -223,11 +226,10 @@ def ctrl_c_deferred() -> Iterator[None]:
         if len(pending) > 1:
             raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, hold)
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        with _ctrl_c_handled_by(hold):
+            yield
+    finally:  # the handler that was set before gets it, once put back
         if len(pending) == 1:
             signal.raise_signal(signal.SIGINT)
 
@@ -354,17 +356,15 @@ def _run_tasks(client, model: str, todo: List[Shard], shards: List[Shard], outpu
     with tqdm(total=total, initial=initial, unit="doc", disable=not progress) as bar:
         # Ctrl-C while as_completed waits stops there; in the client's calls, right after them
         for future in as_completed(futures):
-            try:
-                with ctrl_c_deferred():
+            with ctrl_c_deferred():
+                try:
                     result = future.result()
-            except Exception as err:  # a bug, or a shard that killed its workers (KilledWorker)
-                with ctrl_c_deferred():
+                except Exception as err:  # a bug, or a shard that killed its workers
                     client.cancel(futures)
-                raise _task_error(by_key[future.key], err) from err
-            if isinstance(result, AnnotateError):
-                with ctrl_c_deferred():
+                    raise _task_error(by_key[future.key], err) from err
+                if isinstance(result, AnnotateError):
                     client.cancel(futures)
-                raise result
+                    raise result
             bar.update(result["docs"])
             if on_shard_done is not None:
                 on_shard_done(result)
