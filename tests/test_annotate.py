@@ -6,7 +6,11 @@ run is killed and run again; bad models and inputs fail clearly and leave no par
 import hashlib
 import json
 import os
+import pathlib
+import pickle
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -678,8 +682,6 @@ def test_an_output_inside_the_input_directory_is_refused(model_dir, tmp_path):
 
 
 def test_an_output_not_finished_or_not_readable_is_named(tmp_path):
-    import re
-
     from spacy_fsemicrf.annotate.shards import prepare_output
 
     out = tmp_path / "out"
@@ -801,7 +803,6 @@ def test_a_failed_shard_write_leaves_nothing(tmp_path):
 
 def test_a_pipeline_that_does_not_load_is_named_with_the_machine(tmp_path):
     """As a worker says it, where the model may be missing on that machine only."""
-    import re
     import socket
 
     from spacy_fsemicrf.annotate.engine import load_pipeline
@@ -817,8 +818,6 @@ def test_what_a_failed_task_and_an_interrupted_run_say(tmp_path):
     """A task that raised something else than an AnnotateError (a bug, a worker it killed)
     is named by its documents; an interrupted run says what is written, also when it was
     pickled on its way (its arguments rebuild it)."""
-    import pickle
-
     from spacy_fsemicrf.annotate.engine import Interrupted, _task_error
     from spacy_fsemicrf.annotate.inputs import Shard
 
@@ -1259,9 +1258,6 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
 
 
 def test_an_output_that_cannot_be_checked_updated_or_written_says_why(tmp_path, monkeypatch):
-    import pathlib
-    import re
-
     from spacy_fsemicrf.annotate import shards
 
     one = plan_shards_of_one_text(tmp_path)
@@ -1295,8 +1291,6 @@ def test_an_output_that_cannot_be_checked_updated_or_written_says_why(tmp_path, 
 def test_inputs_found_and_refused_by_name(tmp_path):
     """In a directory, only files named .jsonl or .spacy are inputs (not a folder so named);
     a shard size below 1 and an input that cannot be read are refused with what is wrong."""
-    import re
-
     from spacy_fsemicrf.annotate import inputs
 
     (tmp_path / "in.jsonl").write_text(json.dumps({"text": "Hello ."}) + "\n")
@@ -1329,8 +1323,6 @@ def test_annotate_hands_its_settings_on_and_sums_up_the_run(tmp_path, monkeypatc
     """What ``annotate`` gives its task loop (stood in for here: it writes some of the shards,
     then returns or is interrupted) and what it makes of the result: the summary, the
     interrupted run's counts, the shards a loop did not write."""
-    import re
-    import shutil
 
     from spacy_fsemicrf.annotate import engine
 
