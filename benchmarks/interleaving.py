@@ -1,0 +1,191 @@
+"""What a pipeline's components cost at batch 1 on their own and when they take turns.
+
+    python benchmarks/interleaving.py --test corpus/test.spacy \
+        --models ner=training/ner/model-best fsemicrf=training/fsemicrf/model-best \
+        --output benchmarks/results/interleaving
+
+At batch 1 a pipeline runs its tok2vec and its head in turn on every document, so each starts
+with the caches and predictors the other left. This script times both ways on documents cut from
+the test set's running text (as ``profile_predict.py``), one thread, thread CPU time: *apart*,
+the tok2vec on every document and then the head on every document; *in turn*, tok2vec then head
+on each document, as ``nlp.pipe(..., batch_size=1)`` does. ``penalty`` is how much longer a
+document takes in turn than apart: what neither component costs on its own, so what timing one
+component alone does not show. The pipelines take turns repeat by repeat (the order
+rotates); figures are medians over the repeats, in microseconds per document. For an
+``fsemicrf_ner`` head, one more repeat times its stages apart and in turn (the stages of
+``profile_predict.py``). Writes ``<output>.json`` (every repeat's seconds) and ``<output>.md``.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import numpy
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_predict import cut_docs, timed_stages  # noqa: E402
+
+CLOCK = time.thread_time
+PARTS = ("tok2vec apart", "head apart", "tok2vec in turn", "head in turn", "head after traffic")
+# what the head meets between documents in the third way: NumPy reads this many bytes and
+# writes as many elsewhere, more than a core's L2 cache holds (1 MB on common server CPUs)
+TRAFFIC_BYTES = 4 << 20
+
+
+def time_apart(tok2vec: Callable, head: Callable, docs: List) -> Dict[str, float]:
+    """Seconds of the tok2vec over all ``docs``, then of the head over all of them."""
+    t0 = CLOCK()
+    for doc in docs:
+        tok2vec(doc)
+    t1 = CLOCK()
+    for doc in docs:
+        head(doc)
+    return {"tok2vec apart": t1 - t0, "head apart": CLOCK() - t1}
+
+
+def time_in_turn(tok2vec: Callable, head: Callable, docs: List) -> Dict[str, float]:
+    """Seconds of the tok2vec and of the head, summed over ``docs``, running one after the
+    other on each document."""
+    spent = {"tok2vec in turn": 0.0, "head in turn": 0.0}
+    for doc in docs:
+        t0 = CLOCK()
+        tok2vec(doc)
+        t1 = CLOCK()
+        head(doc)
+        spent["tok2vec in turn"] += t1 - t0
+        spent["head in turn"] += CLOCK() - t1
+    return spent
+
+
+def time_after_traffic(head: Callable, docs: List) -> Dict[str, float]:
+    """Seconds of the head over ``docs`` (their tok2vec already run), each document after a
+    pass of NumPy through memory that is not the tok2vec's (:data:`TRAFFIC_BYTES`)."""
+    source = numpy.ones(TRAFFIC_BYTES // 8)
+    target = numpy.empty_like(source)
+    spent = 0.0
+    for doc in docs:
+        numpy.sqrt(source, out=target)
+        t0 = CLOCK()
+        head(doc)
+        spent += CLOCK() - t0
+    return {"head after traffic": spent}
+
+
+def stage_times(tok2vec: Callable, head: Callable, docs: List) -> Dict[str, Dict[str, float]]:
+    """Seconds of each stage of an ``fsemicrf_ner`` head (``profile_predict.STAGES``,
+    inclusive) and of the whole head, apart and in turn; empty for another head."""
+    out = {}
+    for way, name in ((time_apart, "apart"), (time_in_turn, "in turn")):
+        totals: Dict[str, float] = defaultdict(float)
+        with timed_stages(totals):
+            spent = way(tok2vec, head, [d.copy() for d in docs])
+        if not totals:
+            return {}
+        out[name] = {**totals, "head": spent[f"head {name}"]}
+    return out
+
+
+def summary(repeats: List[Dict[str, float]], n_docs: int) -> Dict[str, float]:
+    """Microseconds per document of each part (median over ``repeats``), and the penalty: the
+    median over the repeats of (in turn - apart), both components together."""
+    per_doc = 1e6 / n_docs
+    out = {part: statistics.median(r[part] for r in repeats) * per_doc for part in PARTS}
+    out["penalty"] = statistics.median(
+        (r["tok2vec in turn"] + r["head in turn"] - r["tok2vec apart"] - r["head apart"])
+        for r in repeats) * per_doc
+    return out
+
+
+def markdown(rows: List[Dict], stages: Dict[int, Dict[str, Dict[str, Dict[str, float]]]],
+             repeats: int, test: str, command: str) -> str:
+    lines = ["# Batch 1: the tok2vec and the head apart and in turn", "",
+             f"One thread, thread CPU time, microseconds per document, median of {repeats} "
+             f"repeats; documents cut from `{test}`. Apart: the tok2vec on every document, then "
+             "the head on every document; in turn: both on each document before the next. "
+             "Penalty: in turn minus apart, both components.", "",
+             "| length | pipeline | " + " | ".join(PARTS) + " | penalty |",
+             "|---:|---|" + "---:|" * (len(PARTS) + 1)]
+    for row in rows:
+        cells = [f"{row[part]:.0f}" for part in PARTS + ("penalty",)]
+        lines.append(f"| {row['length']} | {row['pipeline']} | " + " | ".join(cells) + " |")
+    for length, by_name in stages.items():
+        for name, ways in by_name.items():
+            n_docs = ways["docs"]
+            lines += ["", f"Stages of `{name}`'s head at {length} tokens, one extra repeat "
+                      "(microseconds per document, inclusive: a stage's time holds the stages "
+                      "it calls):", "", "| stage | apart | in turn | in turn / apart |",
+                      "|---|---:|---:|---:|"]
+            for stage, apart in ways["apart"].items():
+                turn = ways["in turn"].get(stage, 0.0)
+                lines.append(f"| {stage} | {1e6 * apart / n_docs:.0f} | "
+                             f"{1e6 * turn / n_docs:.0f} | {turn / apart:.2f} |")
+    lines += ["", f"Made by `{command}`."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", required=True,
+                        help="name=path of pipelines of a tok2vec and one head")
+    parser.add_argument("--test", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[10, 35])
+    parser.add_argument("--docs", type=int, default=400, help="documents per length")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import spacy
+    from spacy.tokens import DocBin
+
+    paths = dict(m.split("=", 1) for m in args.models)
+    nlps = {name: spacy.load(path) for name, path in paths.items()}
+    for name, nlp in nlps.items():
+        if len(nlp.pipe_names) != 2 or nlp.pipe_names[0] != "tok2vec":
+            parser.error(f"{name}: a pipeline of a tok2vec and one head, not {nlp.pipe_names}")
+    names = list(nlps)
+    first = nlps[names[0]]
+    test = list(DocBin().from_disk(args.test).get_docs(first.vocab))
+    rows, seconds, stages = [], {}, {}
+    for length in args.lengths:
+        docs = cut_docs(first, test, length, length * args.docs)
+        runs: Dict[str, List[Dict[str, float]]] = {name: [] for name in names}
+        for r in range(-1, args.repeats):  # repeat -1 warms up
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                tok2vec, head = (nlps[name].get_pipe(p) for p in nlps[name].pipe_names)
+                ways = (time_apart, time_in_turn) if r % 2 else (time_in_turn, time_apart)
+                spent = {}
+                for way in ways:  # which way runs first alternates from repeat to repeat
+                    spent.update(way(tok2vec, head, [d.copy() for d in docs]))
+                spent.update(time_after_traffic(head, [tok2vec(d.copy()) for d in docs]))
+                if r >= 0:
+                    runs[name].append(spent)
+        for name in names:
+            rows.append({"length": length, "pipeline": name, **summary(runs[name], len(docs))})
+            print(rows[-1])
+            tok2vec, head = (nlps[name].get_pipe(p) for p in nlps[name].pipe_names)
+            found = stage_times(tok2vec, head, docs)
+            if found:
+                stages.setdefault(length, {})[name] = {**found, "docs": len(docs)}
+        seconds[length] = runs
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"models": paths, "test": args.test, "threads": 1, "repeats": args.repeats,
+            "docs": args.docs, "clock": "thread CPU time", "torch": torch.__version__,
+            "spacy": spacy.__version__}
+    out.with_suffix(".json").write_text(json.dumps(
+        {"meta": meta, "rows": rows, "seconds": seconds, "stages": stages}, indent=2))
+    command = "python benchmarks/interleaving.py " + " ".join(sys.argv[1:])
+    text = markdown(rows, stages, args.repeats, args.test, command)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

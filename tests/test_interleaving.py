@@ -1,0 +1,71 @@
+"""benchmarks/interleaving.py: the two ways of running a pipeline's components, and the table."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("interleaving",
+                                              ROOT / "benchmarks" / "interleaving.py")
+interleaving = importlib.util.module_from_spec(_spec)
+_path = list(sys.path)
+_spec.loader.exec_module(interleaving)
+sys.path[:] = _path  # the script puts benchmarks/ first for its own imports
+
+
+def _recorder(calls):
+    return (lambda doc: calls.append(("tok2vec", doc)), lambda doc: calls.append(("head", doc)))
+
+
+def test_apart_runs_the_tok2vec_on_every_document_before_the_head():
+    calls = []
+    spent = interleaving.time_apart(*_recorder(calls), [1, 2, 3])
+    assert calls == [("tok2vec", 1), ("tok2vec", 2), ("tok2vec", 3),
+                     ("head", 1), ("head", 2), ("head", 3)]
+    assert set(spent) == {"tok2vec apart", "head apart"}
+
+
+def test_in_turn_runs_both_on_each_document_before_the_next():
+    calls = []
+    spent = interleaving.time_in_turn(*_recorder(calls), [1, 2])
+    assert calls == [("tok2vec", 1), ("head", 1), ("tok2vec", 2), ("head", 2)]
+    assert set(spent) == {"tok2vec in turn", "head in turn"}
+
+
+def test_the_head_after_traffic_runs_on_every_document_once():
+    seen = []
+    spent = interleaving.time_after_traffic(seen.append, ["a", "b"])
+    assert seen == ["a", "b"] and set(spent) == {"head after traffic"}
+
+
+def _repeat(tok_apart, head_apart, tok_turn, head_turn):
+    return {"tok2vec apart": tok_apart, "head apart": head_apart, "tok2vec in turn": tok_turn,
+            "head in turn": head_turn, "head after traffic": head_apart}
+
+
+def test_summary_gives_medians_per_document_and_the_penalty_within_each_repeat():
+    # the second repeat is slow throughout: its penalty (0.4) is taken from its own times,
+    # not from the medians of each part (which would give 0.9 + 0.5 - 0.4 - 0.2 = 0.8)
+    repeats = [_repeat(0.2, 0.1, 0.3, 0.2), _repeat(0.8, 0.6, 1.0, 0.8),
+               _repeat(0.4, 0.2, 0.9, 0.5)]
+    out = interleaving.summary(repeats, n_docs=100)
+    assert out["tok2vec apart"] == pytest.approx(4000.0)  # 0.4 s / 100 documents, in µs
+    assert out["head in turn"] == pytest.approx(5000.0)
+    # penalties 0.2, 0.4, 0.8 -> median 0.4 s
+    assert out["penalty"] == pytest.approx(4000.0)
+
+
+def test_the_table_has_a_row_per_pipeline_and_the_ratio_of_each_stage():
+    row = {"length": 10, "pipeline": "fsemicrf", "tok2vec apart": 800.4, "head apart": 500.0,
+           "tok2vec in turn": 900.0, "head in turn": 750.0, "head after traffic": 600.0,
+           "penalty": 349.6}
+    stages = {10: {"fsemicrf": {"apart": {"word pooling": 0.002, "head": 0.05},
+                                "in turn": {"word pooling": 0.003, "head": 0.075},
+                                "docs": 100}}}
+    text = interleaving.markdown([row], stages, 5, "test.spacy", "python ARGS")
+    lines = text.splitlines()
+    assert "| 10 | fsemicrf | 800 | 500 | 900 | 750 | 600 | 350 |" in lines
+    assert "| word pooling | 20 | 30 | 1.50 |" in lines
+    assert "| head | 500 | 750 | 1.50 |" in lines
+    assert text.endswith("Made by `python ARGS`.\n")
