@@ -482,10 +482,15 @@ class FilteredSemiCRFHead(nn.Module):
         T = self._transitions()
         if self.null_tokens:
             return self._decode_null_tokens(local, glob, nodes, options)
-        best, marginals = filtered.decode_node_set(nodes, T)
+        # float64, as the exact semi-CRF: a scan over a long document (with transitions) or a
+        # long cluster sums thousands in log space, where float32 lost marginals' second digit
+        wide_nodes = nodes._replace(scores=nodes.scores.double())
+        wide_T = None if T is None else T.double()
+        best, marginals = filtered.decode_node_set(wide_nodes, wide_T)
         # The marginal alone is 1 for a node that overlaps no other: the local probability of
         # its label brings in the filter's own uncertainty.
-        conf = (local_label_probability(local, nodes.index, nodes.labels) * marginals).clamp(0, 1)
+        p_local = local_label_probability(local, nodes.index, nodes.labels)
+        conf = (p_local * marginals.to(p_local.dtype)).clamp(0, 1)
         # the node list is in grid order, so the spans come sorted by (doc, start)
         spans, scores, reports, outside = nodes.spans(best), conf[best], None, None
         if options.constrained():
@@ -503,9 +508,10 @@ class FilteredSemiCRFHead(nn.Module):
         if options.path and reports is None and bool((marginals >= 1.0).all()):
             # every node on every path: the graph has one path, of probability 1 (most
             # documents of a trained model; no second solve of the graph)
-            path = marginals.new_ones((local.shape[0],))
+            path = conf.new_ones((local.shape[0],))
         elif options.path:
-            path = path_probability(*filtered_path_scores(nodes, best, T), reports, outside)
+            path = path_probability(*filtered_path_scores(wide_nodes, best, wide_T), reports,
+                                    outside)
         candidates = (nodes.spans(), conf) if options.candidates else None
         return Prediction(spans, scores, path, candidates, reports)
 
@@ -518,8 +524,9 @@ class FilteredSemiCRFHead(nn.Module):
         if options.constrained():
             raise ValueError("constrained decoding is not available for a filtered head with "
                              "null_tokens = true")
-        null = self._null_scores(glob.detach())
-        graph = add_null_tokens(nodes, null)
+        # in float64, as decode: every covered token's null node makes long clusters
+        null = self._null_scores(glob.detach()).double()
+        graph = add_null_tokens(nodes._replace(scores=nodes.scores.double()), null)
         # the best path over the cells' best choices (its score: the total), and the cells'
         # marginals over the log-sum scores (with log Z: the total)
         best_path = filtered.solve_node_set(
@@ -529,7 +536,8 @@ class FilteredSemiCRFHead(nn.Module):
         at = graph.node_at
         best = best_path.best[at] & graph.pick[at]
         marginals = (cells.marginals[at] * graph.share[at]).clamp(0, 1)
-        conf = (local_label_probability(local, nodes.index, nodes.labels) * marginals).clamp(0, 1)
+        p_local = local_label_probability(local, nodes.index, nodes.labels)
+        conf = (p_local * marginals.to(p_local.dtype)).clamp(0, 1)
         path = path_probability(best_path.total, cells.total) if options.path else None
         candidates = (nodes.spans(), conf) if options.candidates else None
         return Prediction(nodes.spans(best), conf[best], path, candidates, None)
