@@ -161,8 +161,8 @@ def make_fsemicrf_ner(
     filter_margin (Optional[float]): prediction-time threshold of the filtered head, in
         log-odds: keep the spans whose best entity label scores above null minus this margin.
         0 is the paper's filter; below 0 keeps fewer entities (precision), above 0 more, for
-        recall up to a margin of about 1 (past that, overlapping kept spans push right ones
-        off the best path and recall falls too).
+        recall at small margins (past about 1 or 2 on the corpora measured, overlapping kept
+        spans push right ones off the best path and recall falls too).
         None (the default) is ``DEFAULT_FILTER_MARGIN`` for the filtered head and 0 for the
         others, which do not filter and accept no other value.
     threshold (float): predicted entities scoring below it are left out of doc.ents and

@@ -220,9 +220,9 @@ class FilteredSemiCRFHead(nn.Module):
 
     ``filter_margin`` (prediction only, log-odds): keep the spans whose best entity label scores
     above null minus the margin. A node that overlaps no other is always on the best path, so
-    the margin is the threshold of the prediction: above 0 it trades precision for recall, up
-    to a margin of about 1; past that, overlapping kept nodes push right ones off the best
-    path and recall falls too.
+    the margin is the threshold of the prediction: above 0 it trades precision for recall at
+    small margins; past about 1 or 2 (on the corpora measured) overlapping kept nodes push
+    right ones off the best path and recall falls too.
 
     With ``null_tokens`` a path may leave kept nodes out (:mod:`.null_tokens`): every token a
     node covers also gets a null, scored by the global head's null output at that token, so the
