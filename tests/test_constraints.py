@@ -125,6 +125,11 @@ def test_dicts_round_trip():
         ({"kind": "excludes", "label": "", "other": "B"}, "^label must be a non-empty label name"),
         ({"kind": "requires", "label": "A", "other": 3}, "^other must be a non-empty label name"),
         ("at_most A 1", "a dict"),
+        # malformed values that Python would not hash or order are named, not a TypeError
+        ({"kind": ["at_most"], "label": "A", "n": 1}, r"^unknown constraint kind \['at_most'\]"),
+        ({"kind": {"at_most": 1}}, "unknown constraint kind"),
+        ({"kind": "at_most", "label": "A", "n": 1, 1: 2, "count": 3},
+         r"^at_most: unknown key\(s\) \['count', 1\]"),
     ],
 )
 def test_invalid_constraints(item, message):
@@ -161,6 +166,8 @@ def test_invalid_against_labels():
         compile_constraints([{"kind": "at_most", "label": "D", "n": 1}], LABELS)
     with pytest.raises(ValueError, match="^constraints must be a list of constraints$"):
         parse_constraints({"kind": "at_most", "label": "A", "n": 1})
+    with pytest.raises(ValueError, match="^constraints must be a list of constraints$"):
+        parse_constraints(5)
     many = [{"kind": "at_most", "label": x, "n": 9, "scope": "sentence"} for x in LABELS]
     too_many = (f"more than {MAX_STATES} search states; "
                 "use fewer count constraints or smaller counts$")

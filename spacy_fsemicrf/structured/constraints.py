@@ -219,11 +219,12 @@ def parse_constraint(item: Union[Dict, Constraint]) -> Constraint:
         raise ValueError(f"a constraint is a dict with a 'kind', got {item!r}")
     data = dict(item)
     kind = data.pop("kind", None)
-    if kind not in KINDS:
+    # (a kind that is not a string may be unhashable: no dict lookup for it)
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"unknown constraint kind {kind!r}; expected one of {sorted(KINDS)}")
     cls = KINDS[kind]
     names = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - names, key=repr)  # (keys of a dict in Python need not be str)
     if unknown:
         raise ValueError(f"{kind}: unknown key(s) {unknown}; expected {sorted(names)}")
     missing = sorted(f.name for f in fields(cls) if f.name not in data
@@ -237,7 +238,7 @@ def parse_constraints(items: Optional[Iterable[Union[Dict, Constraint]]]) -> Tup
     """Constraints from a list of dicts (as in a config or ``doc.user_data``); None gives ()."""
     if items is None:
         return ()
-    if isinstance(items, (dict, Constraint, str)):
+    if isinstance(items, (dict, Constraint, str)) or not hasattr(items, "__iter__"):
         raise ValueError("constraints must be a list of constraints")
     return tuple(parse_constraint(item) for item in items)
 
