@@ -15,6 +15,7 @@ them are left out of ``doc.ents``, and every other token without entity informat
 import logging
 import math
 import multiprocessing.context
+import numbers
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
@@ -287,7 +288,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         filters = self.model.attrs.get("arch") == "FilteredSemiCRF"
         if margin is None:  # the head's default
             margin = DEFAULT_FILTER_MARGIN if filters else 0.0
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+        if not _real(margin) or not math.isfinite(margin):
             raise ValueError(f"filter_margin must be a finite number or None, got {margin!r}")
         if margin and not filters:
             raise ValueError(
@@ -304,7 +305,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     @threshold.setter
     def threshold(self, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        if not _real(value) or not 0 <= value <= 1:
             raise ValueError(f"threshold must be a number in [0, 1], got {value!r}")
         self._threshold = float(value)
 
@@ -909,6 +910,12 @@ def _held_by_constraints(
         if not satisfies(found.program, kept, len(doc), found.sentence_starts):
             held[lo:hi] = True
     return held
+
+
+def _real(value: Any) -> bool:
+    """Whether ``value`` is a real number, not a bool: a NumPy one too, such as a float32 score
+    of ``doc.spans[spans_key].attrs["scores"]`` taken as a threshold."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, numpy.bool_))
 
 
 def _reached_a_power_of_ten(before: int, after: int) -> bool:

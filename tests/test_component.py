@@ -342,6 +342,22 @@ def test_filter_margin_errors():
             "model": model_config("spacy-fsemicrf.LinearCRF.v1"), "filter_margin": -1.0})
 
 
+def test_numpy_numbers_are_taken_as_threshold_and_filter_margin():
+    ner = spacy.blank("en").add_pipe("fsemicrf_ner")
+    # a score of attrs["scores"] is a NumPy float32; NumPy's bool is no number, as bool is not
+    for value in (numpy.float32(0.5), numpy.int64(1)):
+        ner.threshold = value
+        assert ner.threshold == float(value) and type(ner.threshold) is float
+        ner.filter_margin = value
+        assert ner.filter_margin == float(value) and type(ner.filter_margin) is float
+    for bad in (numpy.bool_(True), numpy.float32("nan"), numpy.float32(1.5)):
+        with pytest.raises(ValueError, match="threshold must be a number"):
+            ner.threshold = bad
+    for bad in (numpy.bool_(True), numpy.float32("nan"), numpy.float64("inf")):
+        with pytest.raises(ValueError, match="finite number"):
+            ner.filter_margin = bad
+
+
 # Serialization ---------------------------------------------------------------------------------
 
 
