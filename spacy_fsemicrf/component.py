@@ -745,8 +745,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         segmentations, to find ``k`` distinct ones. Fewer than ``k`` where the document has
         fewer (the filtered head ranks the paths of the graph its ``filter_margin`` keeps,
         often a single one) or the search limit is reached."""
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_NBEST:
+        if not _integer(k) or not 1 <= k <= MAX_NBEST:
             raise ValueError(f"k must be a positive integer up to {MAX_NBEST}, got {k!r}")
+        k = int(k)
         if not model_is_initialized(self.model):
             raise ValueError(f"[{self.name}] nbest needs a trained component: initialize and "
                              f"train the pipeline, or load a trained one")
@@ -916,6 +917,11 @@ def _real(value: Any) -> bool:
     """Whether ``value`` is a real number, not a bool: a NumPy one too, such as a float32 score
     of ``doc.spans[spans_key].attrs["scores"]`` taken as a threshold."""
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, numpy.bool_))
+
+
+def _integer(value: Any) -> bool:
+    """Whether ``value`` is an integer, not a bool: a NumPy one too."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, numpy.bool_))
 
 
 def _reached_a_power_of_ten(before: int, after: int) -> bool:

@@ -673,7 +673,10 @@ def test_nbest_searches_on_for_k_distinct_entity_sets_up_to_its_limit(trained_nl
     assert len(ner.nbest(doc, 3)) == 2 and calls == [3, 4]
     calls.clear()
     assert len(ner.nbest(doc, 4)) == 2 and calls == [4]  # k may be MAX_NBEST itself
-    for bad in (0, 5, True, 2.0):
+    calls.clear()
+    assert len(ner.nbest(doc, numpy.int64(3))) == 2 and calls == [3, 4]  # a NumPy integer too
+    assert all(type(k) is int for k in calls)
+    for bad in (0, 5, True, 2.0, numpy.bool_(True), numpy.float64(2)):
         with pytest.raises(ValueError, match="^k must be a positive integer up to 4, got"):
             ner.nbest(doc, bad)
 
