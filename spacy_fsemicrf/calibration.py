@@ -545,7 +545,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     output = args.output if args.output is not None else Path(args.model)
     if args.output is None and not output.is_dir():
         parser.error(f"{args.model} is not a directory: give --output")
-    nlp = spacy.load(args.model)
+    try:
+        nlp = spacy.load(args.model)
+    except Exception as err:  # a directory that is no pipeline is an OSError, a broken one anything
+        parser.error(f"cannot load the pipeline {args.model}: {err}")
     names = fsemicrf_components(nlp)
     if not names or (args.component is not None and args.component not in names):
         wanted = f"named {args.component!r}" if args.component is not None else "at all"

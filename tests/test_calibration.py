@@ -1411,3 +1411,19 @@ def test_the_command_says_what_is_wrong_with_its_paths(small_nlp, tmp_path, caps
             calibration.main(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is None
+
+
+def test_the_command_says_why_a_pipeline_does_not_load(small_nlp, tmp_path, capsys):
+    """A MODEL that is a file (with --output), a directory that holds no pipeline and a pipeline
+    with a broken file each stop the command with a message, not a traceback."""
+    dev = write_corpus(tmp_path / "dev.spacy", small_nlp)
+    (tmp_path / "empty").mkdir()
+    small_nlp.to_disk(tmp_path / "broken")
+    (tmp_path / "broken" / "meta.json").write_text("{")
+    out = str(tmp_path / "out")
+    for model in (dev, tmp_path / "empty", tmp_path / "broken"):
+        with pytest.raises(SystemExit) as exit_info:
+            calibration.main([str(model), str(dev), "--output", out])
+        assert exit_info.value.code == 2
+        assert f"error: cannot load the pipeline {model}: " in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
