@@ -545,6 +545,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     output = args.output if args.output is not None else Path(args.model)
     if args.output is None and not output.is_dir():
         parser.error(f"{args.model} is not a directory: give --output")
+    if output.exists() and not output.is_dir():  # said before the fit, not when saving after it
+        parser.error(f"--output {output} is a file, not a directory")
     try:
         nlp = spacy.load(args.model)
     except Exception as err:  # a directory that is no pipeline is an OSError, a broken one anything
@@ -573,7 +575,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if len(failed) == len(names):
         print("nothing saved", file=sys.stderr)
         return 1
-    nlp.to_disk(output)
+    try:
+        nlp.to_disk(output)
+    except OSError as err:  # no permission, a parent that is a file, a read-only file system
+        print(f"error: cannot save the pipeline to {output}: {err}", file=sys.stderr)
+        return 1
     for name, value in fitted.items():
         if value is not None:
             print(f"{name}: calibration map ({value['method']}) fitted on "

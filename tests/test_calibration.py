@@ -1427,3 +1427,21 @@ def test_the_command_says_why_a_pipeline_does_not_load(small_nlp, tmp_path, caps
         assert exit_info.value.code == 2
         assert f"error: cannot load the pipeline {model}: " in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_command_says_why_it_cannot_save(small_nlp, tmp_path, capsys, monkeypatch):
+    """An --output that is a file is refused before the pipeline loads; one that cannot be
+    written (here: under a file) is named after the fit, exit status 1, not a traceback."""
+    small_nlp.to_disk(tmp_path / "model")
+    dev = write_corpus(tmp_path / "dev.spacy", small_nlp)
+    (tmp_path / "file").write_text("")
+    load = calibration.spacy.load
+    monkeypatch.setattr(calibration.spacy, "load", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(SystemExit) as exit_info:
+        calibration.main([str(tmp_path / "model"), str(dev), "--output", str(tmp_path / "file")])
+    assert exit_info.value.code == 2
+    assert f"error: --output {tmp_path / 'file'} is a file" in capsys.readouterr().err
+    monkeypatch.setattr(calibration.spacy, "load", load)
+    under = tmp_path / "file" / "model"
+    assert calibration.main([str(tmp_path / "model"), str(dev), "--output", str(under)]) == 1
+    assert f"error: cannot save the pipeline to {under}: " in capsys.readouterr().err
