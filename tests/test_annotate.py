@@ -632,6 +632,23 @@ def test_a_shard_that_cannot_be_written_fails_clearly(model_dir, tmp_path):
         annotate_shard(str(model_dir), shard, str(tmp_path / "nowhere"), None)
 
 
+def test_a_text_longer_than_the_pipeline_takes_fails_with_its_line(model_dir, tmp_path):
+    """nlp.pipe refuses a text over nlp.max_length with a bare ValueError (spaCy's E088), which
+    a worker logs with its traceback: the task names the line instead."""
+    from spacy_fsemicrf.annotate.engine import annotate_shard, load_pipeline
+
+    limit = load_pipeline(str(model_dir)).max_length
+    long_text = "Paris " * (limit // 6 + 1)
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "John lives in Paris ."}) + "\n"
+                                       + json.dumps({"text": long_text}) + "\n")
+    (shard,) = plan_shards(tmp_path / "in.jsonl", 10)
+    with pytest.raises(AnnotateError, match=(
+            rf"^in.jsonl:2: the document has {len(long_text)} characters, more than the "
+            rf"pipeline's nlp.max_length \({limit}\): split it; fix INPUT")):
+        annotate_shard(str(model_dir), shard, str(tmp_path / "out"), None)
+    assert not (tmp_path / "out").exists()
+
+
 def test_unreadable_inputs_fail_clearly(tmp_path):
     (tmp_path / "broken.spacy").write_bytes(b"not a DocBin")
     (tmp_path / "notes.txt").write_text("hello")

@@ -110,7 +110,7 @@ def annotate_shard(
     start = time.perf_counter()
     nlp = load_pipeline(model)
     try:
-        inputs, ids = read_shard(shard, nlp.vocab)
+        inputs, ids = read_shard(shard, nlp.vocab, nlp.max_length)
     except AnnotateError as err:  # OUTPUT's manifest holds the digests of the input as it is
         raise AnnotateError(f"{err}; fix INPUT, then rerun with --update: the shards written "
                             f"are kept") from err

@@ -14,7 +14,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy
 import srsly
@@ -83,13 +83,16 @@ def plan_shards(path: Path, shard_size: int) -> List[Shard]:
     return shards
 
 
-def read_shard(shard: Shard, vocab: Vocab) -> Tuple[List[Any], List[Any]]:
+def read_shard(
+    shard: Shard, vocab: Vocab, max_length: Optional[int] = None
+) -> Tuple[List[Any], List[Any]]:
     """The shard's documents (texts for .jsonl, unannotated Docs for .spacy) and their ids.
 
-    Raises AnnotateError for an unreadable file, a line that is not a JSON object or a
-    document with no text."""
+    Raises AnnotateError for an unreadable file, a line that is not a JSON object, a
+    document with no text or a text longer than ``max_length`` characters (the pipeline's
+    ``nlp.max_length``, which ``nlp.pipe`` refuses a text over)."""
     if shard.source.endswith(".jsonl"):
-        return _read_jsonl(shard)
+        return _read_jsonl(shard, max_length)
     return _read_spacy(shard, vocab)
 
 
@@ -166,7 +169,7 @@ def _read_bytes(file: Path) -> bytes:
         raise AnnotateError(f"cannot read {file}: {err}") from err
 
 
-def _read_jsonl(shard: Shard) -> Tuple[List[str], List[Any]]:
+def _read_jsonl(shard: Shard, max_length: Optional[int] = None) -> Tuple[List[str], List[Any]]:
     texts: List[str] = []
     ids: List[Any] = []
     try:
@@ -195,6 +198,10 @@ def _read_jsonl(shard: Shard) -> Tuple[List[str], List[Any]]:
                 if not isinstance(text, str) or not text.strip():
                     raise AnnotateError(f"{where}: the document has no text (its 'text' field "
                                         f"must be a non-empty string)")
+                if max_length is not None and len(text) > max_length:
+                    raise AnnotateError(f"{where}: the document has {len(text)} characters, more "
+                                        f"than the pipeline's nlp.max_length ({max_length}): "
+                                        f"split it")
                 doc_id = record.get("id", f"{shard.name}:{shard.start + len(ids)}")
                 try:  # JSON escapes may make a lone surrogate, which no UTF-8 output can hold
                     text.encode("utf8")
