@@ -537,6 +537,25 @@ def test_a_lone_surrogate_fails_with_its_line(tmp_path, line):
         read_shard(shard, spacy.blank("en").vocab)
 
 
+@pytest.mark.parametrize("doc_id, message", [
+    (10 ** 30, "the 'id' holds an integer out of the 64-bit range the output can store: give "
+               "it as a string"),
+    ([1, -(2 ** 64)], "the 'id' holds an integer out of the 64-bit range"),
+    (["\ud800"], "not valid Unicode"),
+], ids=["integer", "integer in a list", "lone surrogate in a list"])
+def test_an_id_the_output_cannot_store_fails_with_its_line(model_dir, tmp_path, doc_id,
+                                                            message):
+    """Before, the shard's write failed with msgpack's error (a worker traceback, no line)."""
+    from spacy_fsemicrf.annotate.engine import annotate_shard
+
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": 2 ** 64 - 1, "text": "Paris ."}) + "\n"
+                                       + json.dumps({"id": doc_id, "text": "Rome ."}) + "\n")
+    (shard,) = plan_shards(tmp_path / "in.jsonl", 10)
+    with pytest.raises(AnnotateError, match=re.escape(f"in.jsonl:2: {message}")):
+        annotate_shard(str(model_dir), shard, str(tmp_path / "out"), None)
+    assert not list((tmp_path / "out").glob("**/*.spacy"))
+
+
 def test_a_line_that_is_not_utf8_fails_with_its_line(tmp_path):
     (tmp_path / "in.jsonl").write_bytes(b'{"text": "Paris ."}\n{"text": "Caf\xe9 ."}\n')
     (shard,) = plan_shards(tmp_path / "in.jsonl", 10)
