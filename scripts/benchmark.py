@@ -318,6 +318,12 @@ def main(argv=None) -> None:
     p.add_argument("--if-trained", action="store_true",
                    help="when none of the pipelines is trained, write nothing and succeed")
     args = p.parse_args(argv)
+    # nlp.pipe(batch_size=0) yields no document (every score 0), no repeat has no median, and a
+    # --limit below 1 cut the test set from its end or not at all
+    for option in ("batch_size", "repeats", "threads", "limit"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            p.error(f"--{option.replace('_', '-')} must be at least 1, got {value}")
 
     set_threads(args.threads)
     if args.gpu_id >= 0:
@@ -333,6 +339,8 @@ def main(argv=None) -> None:
             print("[benchmark] none of the pipelines is trained: nothing to do", flush=True)
             return
         sys.exit("no trained pipeline found")
+    if not args.test.is_file():
+        p.error(f"no such test file: {args.test}")
     gold = load_docs(args.test, args.limit)
     n_words = sum(len(d) for d in gold)
     res = {
