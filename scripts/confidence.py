@@ -40,6 +40,7 @@ from spacy.tokens import Doc
 
 from spacy_fsemicrf.calibration import (
     FITS,
+    CorpusError,
     apply_calibration,
     entity_key,
     fit_calibration,
@@ -312,8 +313,15 @@ def main(argv=None) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N documents of each set")
     args = p.parse_args(argv)
     logging.getLogger("spacy_fsemicrf").setLevel(logging.ERROR)  # raw scores on purpose here
+    for spec in args.models:  # before any pipeline loads or any corpus is read
+        name, _, path = spec.partition("=")
+        if not name or not path or not Path(path).is_dir():
+            p.error(f"--models takes NAME=PATH of pipeline directories, got {spec!r}")
     vocab = spacy.blank("en").vocab
-    splits = {s: read_docs(getattr(args, s), vocab)[: args.limit] for s in ("test", "dev")}
+    try:
+        splits = {s: read_docs(getattr(args, s), vocab)[: args.limit] for s in ("test", "dev")}
+    except CorpusError as err:  # a missing or unreadable --test or --dev
+        p.error(str(err))
     res = {"command": "python scripts/confidence.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "corpora": {s: {"path": str(getattr(args, s)), "docs": len(d),
                            "entities": sum(len(doc.ents) for doc in d)} for s, d in splits.items()},

@@ -1445,3 +1445,24 @@ def test_the_command_says_why_it_cannot_save(small_nlp, tmp_path, capsys, monkey
     under = tmp_path / "file" / "model"
     assert calibration.main([str(tmp_path / "model"), str(dev), "--output", str(under)]) == 1
     assert f"error: cannot save the pipeline to {under}: " in capsys.readouterr().err
+
+
+def test_the_confidence_script_names_its_bad_arguments(small_nlp, tmp_path, capsys):
+    """A --models entry that is not NAME=PATH of a directory and a missing corpus stop
+    scripts/confidence.py with argparse's message before any pipeline loads (before: spaCy's
+    traceback, loading "." for a NAME alone)."""
+    script = _confidence_script()
+    dev = str(write_corpus(tmp_path / "dev.spacy", small_nlp))
+    missing = str(tmp_path / "no_such_test.spacy")
+    cases = [
+        (["--models", "fsemicrf", "--test", dev, "--dev", dev], "--models takes NAME=PATH"),
+        (["--models", f"x={tmp_path / 'none'}", "--test", dev, "--dev", dev],
+         "--models takes NAME=PATH"),
+        (["--models", f"x={tmp_path}", "--test", missing, "--dev", dev],
+         f"cannot read {missing} as a .spacy"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            script.main(argv + ["--output", str(tmp_path / "out" / "confidence")])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
