@@ -57,6 +57,10 @@ def main(argv=None) -> None:
     p.add_argument("--filter-margin", type=float, default=None,
                    help="prediction-time filter margin (default: the pipeline's own)")
     args = p.parse_args(argv)
+    if not (args.model / "config.cfg").is_file():  # before spaCy's traceback, and its load
+        p.error(f"--model {args.model} is not a pipeline directory")
+    if not args.test.is_file():
+        p.error(f"no such test file: {args.test}")
     torch.set_num_threads(1)
 
     nlp = spacy.load(args.model)

@@ -50,3 +50,20 @@ def test_kept_nodes_count_the_graph_of_each_document(tmp_path, word_pool):
         assert row["kept_nodes"] == expected
         assert 0 <= row["kept_nodes"] <= row["candidates"] <= row["LK"]
 
+
+
+def test_a_missing_model_or_test_file_is_named(tmp_path, capsys):
+    """Before: spaCy's traceback for the model, a FileNotFoundError for the test file."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.cfg").write_text("")
+    missing = tmp_path / "no_such_test.spacy"
+    cases = [
+        (["--model", str(tmp_path / "none")], f"--model {tmp_path / 'none'} is not a pipeline"),
+        (["--model", str(tmp_path / "model"), "--test", str(missing)],
+         f"no such test file: {missing}"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            kept_nodes.main(argv + ["--output", str(tmp_path / "out")])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
