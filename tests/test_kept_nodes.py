@@ -51,7 +51,6 @@ def test_kept_nodes_count_the_graph_of_each_document(tmp_path, word_pool):
         assert 0 <= row["kept_nodes"] <= row["candidates"] <= row["LK"]
 
 
-
 def test_a_missing_model_or_test_file_is_named(tmp_path, capsys):
     """Before: spaCy's traceback for the model, a FileNotFoundError for the test file."""
     (tmp_path / "model").mkdir()
