@@ -146,7 +146,11 @@ def main(argv: List[str]) -> int:
         print(f"{args.model_dir} is not a trained pipeline directory (no meta.json)",
               file=sys.stderr)
         return 1
-    args.output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file of that name, a parent that is a file, no permission
+        print(f"cannot make the output directory {args.output_dir}: {err}", file=sys.stderr)
+        return 1
     try:
         wheels = [
             build_model_wheel(args.model_dir, args.output_dir, args.name, args.version),

@@ -166,3 +166,15 @@ def test_the_model_wheel_version_names_the_pipeline(tmp_path, monkeypatch):
 def test_a_given_local_label_is_kept_before_the_digest():
     assert package.model_version("1.2.0+gpu", "ab12") == "1.2.0+gpu.model.ab12"
     assert package.model_version("1.2.0", "ab12") == "1.2.0+model.ab12"
+
+
+def test_an_output_dir_that_is_a_file_is_an_error_before_building(tmp_path, capsys, monkeypatch):
+    """An OUTPUT_DIR that is a file failed with a FileExistsError traceback."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "meta.json").write_text('{"lang": "en"}')
+    (tmp_path / "out").write_text("")
+    monkeypatch.setattr(package, "run", lambda cmd: pytest.fail("nothing should be built"))
+    code = package.main([str(model), str(tmp_path / "out"), "--name", "x", "--version", "0.1.0"])
+    assert code == 1 and "cannot make the output directory" in capsys.readouterr().err
+    assert (tmp_path / "out").read_text() == ""
