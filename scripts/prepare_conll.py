@@ -58,7 +58,7 @@ def convert(path: Path, n_sents: int, limit: int | None):
     return docs
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", type=Path, default=Path("corpus"))
     p.add_argument("--n-sents", type=int, default=10, help="sentences per document (spacy convert -n)")
@@ -67,14 +67,23 @@ def main() -> None:
     p.add_argument("--limit-test", type=int, default=None, help="keep the first N test docs")
     p.add_argument("--prefix", default=None,
                    help="output file prefix (default: 'quick_' when any limit is given, else none)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    # spaCy's converter loops forever on --n-sents 0 and fails on a negative one, and a limit
+    # below 1 cut a split from its end or emptied it
+    for option in ("n_sents", "limit_train", "limit_dev", "limit_test"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            p.error(f"--{option.replace('_', '-')} must be at least 1, got {value}")
 
     limits = {"train": args.limit_train, "dev": args.limit_dev, "test": args.limit_test}
     prefix = args.prefix
     if prefix is None:
         prefix = "quick_" if any(v is not None for v in limits.values()) else ""
     src = find_conll_dir()
-    args.output.mkdir(parents=True, exist_ok=True)
+    try:
+        args.output.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file of that name, a parent that is a file, no permission
+        p.error(f"--output {args.output}: {err}")
     stats = {"source": str(src), "n_sents": args.n_sents}
     for split, fname in SPLITS.items():
         docs = convert(src / fname, args.n_sents, limits[split])

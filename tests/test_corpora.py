@@ -1,5 +1,5 @@
-"""The multi-corpus benchmark: corpus readers (scripts/prepare_corpus.py), the runner's resume
-logic (scripts/corpora.py) and its aggregation (scripts/corpora_report.py)."""
+"""The multi-corpus benchmark: corpus readers (scripts/prepare_corpus.py, prepare_conll.py), the
+runner's resume logic (scripts/corpora.py) and its aggregation (scripts/corpora_report.py)."""
 import importlib.util
 import json
 import statistics
@@ -18,6 +18,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 import corpora  # noqa: E402
 import corpora_report  # noqa: E402
+import prepare_conll  # noqa: E402
 import prepare_corpus  # noqa: E402
 from prepare_corpus import CORPORA, group_docs, spans_to_tags, tag_spans  # noqa: E402
 
@@ -282,3 +283,24 @@ def test_interrupted_training_is_trained_again(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="no process"):
         corpora.execute(run)
     assert trained == [run.name]
+
+
+@pytest.mark.parametrize("option", ["--n-sents", "--limit-train", "--limit-dev", "--limit-test"])
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_prepare_conll_refuses_counts_below_one(option, value, tmp_path, capsys, monkeypatch):
+    """``--n-sents 0`` looped forever in spaCy's converter, ``-1`` failed in it with an
+    IndexError, ``--limit-train -1`` left out the last document and ``0`` wrote no document."""
+    monkeypatch.setattr(prepare_conll, "find_conll_dir", lambda: pytest.fail("nothing is read"))
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_conll.main(["--output", str(tmp_path / "out"), option, value])
+    assert exit_info.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_conll_output_that_is_a_file_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    """An --output that is a file failed with a FileExistsError traceback."""
+    (tmp_path / "out").write_text("")
+    monkeypatch.setattr(prepare_conll, "find_conll_dir", lambda: tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_conll.main(["--output", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "--output" in capsys.readouterr().err
