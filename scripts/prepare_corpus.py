@@ -220,7 +220,13 @@ def main(argv=None) -> None:
     p.add_argument("--output", type=Path, default=None, help="default: corpus/CORPUS")
     p.add_argument("--n-sents", type=int, default=10, help="sentences per document")
     args = p.parse_args(argv)
-    prepare(CORPORA[args.corpus], args.output or Path("corpus") / args.corpus, args.n_sents)
+    # 0 failed in range() with a traceback; a negative one wrote every split without a document
+    if args.n_sents < 1:
+        p.error(f"--n-sents must be at least 1, got {args.n_sents}")
+    output = args.output or Path("corpus") / args.corpus
+    if output.exists() and not output.is_dir():  # said before the corpus is read
+        p.error(f"--output {output} is a file, not a directory")
+    prepare(CORPORA[args.corpus], output, args.n_sents)
 
 
 if __name__ == "__main__":

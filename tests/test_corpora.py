@@ -304,3 +304,23 @@ def test_prepare_conll_output_that_is_a_file_is_a_usage_error(tmp_path, capsys, 
     with pytest.raises(SystemExit) as exit_info:
         prepare_conll.main(["--output", str(tmp_path / "out")])
     assert exit_info.value.code == 2 and "--output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_prepare_corpus_refuses_n_sents_below_one(value, tmp_path, capsys, monkeypatch):
+    """``--n-sents 0`` failed in range() with a traceback and ``-1`` wrote every split without
+    a document."""
+    monkeypatch.setattr(prepare_corpus, "prepare", lambda *a: pytest.fail("nothing is written"))
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_corpus.main(["nemo", "--output", str(tmp_path / "out"), "--n-sents", value])
+    assert exit_info.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
+def test_prepare_corpus_output_that_is_a_file_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    """An --output that is a file failed with a FileExistsError traceback once the corpus was
+    read."""
+    (tmp_path / "out").write_text("")
+    monkeypatch.setattr(prepare_corpus, "package_folder", lambda info: pytest.fail("not read"))
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_corpus.main(["nemo", "--output", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "is a file" in capsys.readouterr().err
