@@ -191,6 +191,16 @@ def main(argv=None) -> None:
     p.add_argument("--corpus-dir", type=Path, default=Path("corpus"))
     p.add_argument("--training-dir", type=Path, default=Path("training/corpora"))
     args = p.parse_args(argv)
+    # --seeds 0 wrote an empty report over the results, --workers 0 failed with a traceback
+    # after the corpora were prepared, --steps 0 is no step limit in spaCy and every run
+    # failed on --eval-frequency 0; a --time-limit of 0 was no limit, a negative one stopped
+    # every run at once
+    for option in ("seeds", "steps", "eval_frequency", "workers"):
+        value = getattr(args, option)
+        if value < 1:
+            p.error(f"--{option.replace('_', '-')} must be at least 1, got {value}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        p.error(f"--time-limit must be above 0 seconds, got {args.time_limit:g}")
 
     folders = {corpus: prepare(corpus, args.corpus_dir) for corpus in args.corpora}
     runs = plan(args, folders)

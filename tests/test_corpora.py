@@ -324,3 +324,18 @@ def test_prepare_corpus_output_that_is_a_file_is_a_usage_error(tmp_path, capsys,
     with pytest.raises(SystemExit) as exit_info:
         prepare_corpus.main(["nemo", "--output", str(tmp_path / "out")])
     assert exit_info.value.code == 2 and "is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option,value", [("--seeds", "0"), ("--steps", "0"), ("--workers", "0"),
+                                          ("--eval-frequency", "0"), ("--seeds", "-1"),
+                                          ("--time-limit", "0"), ("--time-limit", "-5")])
+def test_corpora_refuses_out_of_range_options(option, value, tmp_path, capsys, monkeypatch):
+    """``--seeds 0`` wrote an empty report over the results, ``--workers 0`` failed with a
+    traceback after preparing the corpora, ``--steps 0`` set no step limit, every run failed
+    on ``--eval-frequency 0``, ``--time-limit 0`` was no limit and a negative one stopped every
+    run at once."""
+    monkeypatch.setattr(corpora, "prepare", lambda *a: pytest.fail("nothing is prepared"))
+    with pytest.raises(SystemExit) as exit_info:
+        corpora.main(["--output", str(tmp_path / "out"), option, value])
+    assert exit_info.value.code == 2 and option in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
