@@ -104,7 +104,7 @@ def resolve_transformer(overrides):
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("config", type=Path)
     p.add_argument("output", type=Path)
@@ -115,7 +115,10 @@ def main() -> None:
                    help="stop training after this many seconds (exit status 124)")
     p.add_argument("--from-log", action="store_true",
                    help="do not train: rebuild the summary from an existing OUTPUT_DIR/train_log.txt")
-    args, overrides = p.parse_known_args()
+    args, overrides = p.parse_known_args(argv)
+    if args.time_limit is not None and not args.time_limit > 0:
+        # 0 was no limit at all and a negative one stopped the training at once
+        p.error(f"--time-limit must be above 0 seconds, got {args.time_limit:g}")
     name = args.name or args.output.name
     overrides = resolve_transformer(overrides)
     args.output.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = "python -m spacy train configs/fsemicrf_trf.cfg --output out --gpu-id 0 --training.max_steps 2000"
 LOG = f"""$ {COMMAND}
@@ -55,3 +57,13 @@ def test_a_training_that_ends_within_the_limit_is_not_stopped(tmp_path):
     rc, lines, stopped = train.run_logged([sys.executable, "-c", "print('done')"], tmp_path / "log.txt",
                                           time_limit=30)
     assert (rc, [line for _, line in lines], stopped) == (0, ["done"], False)
+
+
+def test_a_time_limit_of_zero_or_below_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    """``--time-limit 0`` trained without a limit and ``-5`` stopped the training at once."""
+    monkeypatch.setattr(train, "run_logged", lambda *a: pytest.fail("nothing is trained"))
+    for value in ("0", "-5"):
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(["c.cfg", str(tmp_path / "out"), "--time-limit", value])
+        assert exit_info.value.code == 2 and "--time-limit" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
