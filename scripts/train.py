@@ -121,7 +121,10 @@ def main(argv=None) -> None:
         p.error(f"--time-limit must be above 0 seconds, got {args.time_limit:g}")
     name = args.name or args.output.name
     overrides = resolve_transformer(overrides)
-    args.output.mkdir(parents=True, exist_ok=True)
+    try:
+        args.output.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file of that name, a parent that is a file, no permission
+        p.error(f"cannot make the output directory {args.output}: {err}")
 
     cmd = [sys.executable, "-m", "spacy", "train", str(args.config), "--output", str(args.output),
            "--gpu-id", str(args.gpu_id), *overrides]

@@ -67,3 +67,13 @@ def test_a_time_limit_of_zero_or_below_is_a_usage_error(tmp_path, capsys, monkey
             train.main(["c.cfg", str(tmp_path / "out"), "--time-limit", value])
         assert exit_info.value.code == 2 and "--time-limit" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    """An OUTPUT_DIR that is a file failed with a FileExistsError traceback."""
+    monkeypatch.setattr(train, "run_logged", lambda *a: pytest.fail("nothing is trained"))
+    (tmp_path / "out").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["c.cfg", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "output directory" in capsys.readouterr().err
+    assert (tmp_path / "out").read_text() == ""
