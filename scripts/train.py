@@ -119,6 +119,8 @@ def main(argv=None) -> None:
     if args.time_limit is not None and not args.time_limit > 0:
         # 0 was no limit at all and a negative one stopped the training at once
         p.error(f"--time-limit must be above 0 seconds, got {args.time_limit:g}")
+    if args.from_log and not (args.output / "train_log.txt").is_file():  # (nothing to read)
+        p.error(f"--from-log: there is no {args.output / 'train_log.txt'}")
     name = args.name or args.output.name
     overrides = resolve_transformer(overrides)
     try:

@@ -77,3 +77,12 @@ def test_an_output_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys, monkeyp
         train.main(["c.cfg", str(tmp_path / "out")])
     assert exit_info.value.code == 2 and "output directory" in capsys.readouterr().err
     assert (tmp_path / "out").read_text() == ""
+
+
+def test_from_log_without_a_log_is_a_usage_error(tmp_path, capsys):
+    """``--from-log`` where OUTPUT_DIR has no train_log.txt failed with a FileNotFoundError
+    traceback, after making OUTPUT_DIR."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["c.cfg", str(tmp_path / "out"), "--from-log"])
+    assert exit_info.value.code == 2 and "train_log.txt" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
