@@ -50,6 +50,8 @@ from pathlib import Path  # noqa: E402
 import spacy  # noqa: E402
 from spacy.tokens import Doc, DocBin  # noqa: E402
 
+from arguments import count  # noqa: E402
+
 DEFAULT_MODELS = ["fsemicrf", "semicrf", "crf", "ner", "spancat",
                   "fsemicrf-trf", "semicrf-trf", "crf-trf", "ner-trf"]
 SPAN_FACTORIES = {"spancat", "spancat_singlelabel"}
@@ -302,12 +304,12 @@ def main(argv=None) -> None:
                    help="NAME (training/NAME/model-best) or NAME=PATH; untrained ones are skipped")
     p.add_argument("--training-dir", type=Path, default=Path("training"))
     p.add_argument("--test", type=Path, default=Path("corpus/test.spacy"))
-    p.add_argument("--limit", type=int, default=None, help="only the first N test docs")
+    p.add_argument("--limit", type=count, default=None, help="only the first N test docs")
     p.add_argument("--output", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--prefix", default="results", help="output file stem")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch-size", type=count, default=64)
+    p.add_argument("--repeats", type=count, default=3)
+    p.add_argument("--threads", type=count, default=1)
     p.add_argument("--gpu-id", type=int, default=-1)
     p.add_argument("--no-speed", action="store_true", help="accuracy only")
     p.add_argument("--encoder-only", nargs="*", default=["ner", "ner-trf"],
@@ -318,12 +320,6 @@ def main(argv=None) -> None:
     p.add_argument("--if-trained", action="store_true",
                    help="when none of the pipelines is trained, write nothing and succeed")
     args = p.parse_args(argv)
-    # nlp.pipe(batch_size=0) yields no document (every score 0), no repeat has no median, and a
-    # --limit below 1 cut the test set from its end or not at all
-    for option in ("batch_size", "repeats", "threads", "limit"):
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            p.error(f"--{option.replace('_', '-')} must be at least 1, got {value}")
 
     set_threads(args.threads)
     if args.gpu_id >= 0:

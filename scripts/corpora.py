@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import corpora_report  # noqa: E402
+from arguments import count, seconds  # noqa: E402
 from prepare_corpus import CORPORA  # noqa: E402
 from train import TIME_LIMIT_STATUS, thread_env  # noqa: E402
 
@@ -179,28 +180,18 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", type=Path, default=Path("benchmarks/results/corpora"),
                    help="path stem of the .json/.md/.png results")
-    p.add_argument("--seeds", type=int, default=4, help="seeds 0..N-1")
-    p.add_argument("--steps", type=int, default=6000)
-    p.add_argument("--eval-frequency", type=int, default=1000)
+    p.add_argument("--seeds", type=count, default=4, help="seeds 0..N-1")
+    p.add_argument("--steps", type=count, default=6000)
+    p.add_argument("--eval-frequency", type=count, default=1000)
     p.add_argument("--corpora", type=csv_choice(ALL_CORPORA), default=ALL_CORPORA)
     p.add_argument("--pipelines", type=csv_choice(list(PIPELINES)), default=list(PIPELINES))
-    p.add_argument("--workers", type=int, default=2, help="parallel runs, one thread each")
+    p.add_argument("--workers", type=count, default=2, help="parallel runs, one thread each")
     p.add_argument("--gpu-id", type=int, default=-1, help="train on this GPU (-1: the CPU)")
-    p.add_argument("--time-limit", type=float, default=None,
+    p.add_argument("--time-limit", type=seconds, default=None,
                    help="stop a run after this many seconds and score its model-best")
     p.add_argument("--corpus-dir", type=Path, default=Path("corpus"))
     p.add_argument("--training-dir", type=Path, default=Path("training/corpora"))
     args = p.parse_args(argv)
-    # --seeds 0 wrote an empty report over the results, --workers 0 failed with a traceback
-    # after the corpora were prepared, --steps 0 is no step limit in spaCy and every run
-    # failed on --eval-frequency 0; a --time-limit of 0 was no limit, a negative one stopped
-    # every run at once
-    for option in ("seeds", "steps", "eval_frequency", "workers"):
-        value = getattr(args, option)
-        if value < 1:
-            p.error(f"--{option.replace('_', '-')} must be at least 1, got {value}")
-    if args.time_limit is not None and not args.time_limit > 0:
-        p.error(f"--time-limit must be above 0 seconds, got {args.time_limit:g}")
 
     folders = {corpus: prepare(corpus, args.corpus_dir) for corpus in args.corpora}
     runs = plan(args, folders)

@@ -26,6 +26,8 @@ from pathlib import Path
 from spacy.tokens import DocBin
 from spacy.training.converters import conll_ner_to_docs
 
+from arguments import count
+
 SPLITS = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
 SPANS_KEY = "sc"
 DOCSTART = re.compile(r"^-DOCSTART-.*$", re.MULTILINE)
@@ -61,19 +63,13 @@ def convert(path: Path, n_sents: int, limit: int | None):
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", type=Path, default=Path("corpus"))
-    p.add_argument("--n-sents", type=int, default=10, help="sentences per document (spacy convert -n)")
-    p.add_argument("--limit-train", type=int, default=None, help="keep the first N train docs")
-    p.add_argument("--limit-dev", type=int, default=None, help="keep the first N dev docs")
-    p.add_argument("--limit-test", type=int, default=None, help="keep the first N test docs")
+    p.add_argument("--n-sents", type=count, default=10, help="sentences per document (spacy convert -n)")
+    p.add_argument("--limit-train", type=count, default=None, help="keep the first N train docs")
+    p.add_argument("--limit-dev", type=count, default=None, help="keep the first N dev docs")
+    p.add_argument("--limit-test", type=count, default=None, help="keep the first N test docs")
     p.add_argument("--prefix", default=None,
                    help="output file prefix (default: 'quick_' when any limit is given, else none)")
     args = p.parse_args(argv)
-    # spaCy's converter loops forever on --n-sents 0 and fails on a negative one, and a limit
-    # below 1 cut a split from its end or emptied it
-    for option in ("n_sents", "limit_train", "limit_dev", "limit_test"):
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            p.error(f"--{option.replace('_', '-')} must be at least 1, got {value}")
 
     limits = {"train": args.limit_train, "dev": args.limit_dev, "test": args.limit_test}
     prefix = args.prefix

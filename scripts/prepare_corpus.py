@@ -25,6 +25,8 @@ from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 import spacy
 from spacy.tokens import Doc, DocBin, Span as SpacySpan
 
+from arguments import count
+
 SPANS_KEY = "sc"
 SPLITS = ("train", "dev", "test")
 # (tokens, per-token tags in B/I/E/S/O form with a "-LABEL" suffix)
@@ -218,11 +220,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("corpus", choices=sorted(CORPORA))
     p.add_argument("--output", type=Path, default=None, help="default: corpus/CORPUS")
-    p.add_argument("--n-sents", type=int, default=10, help="sentences per document")
+    p.add_argument("--n-sents", type=count, default=10, help="sentences per document")
     args = p.parse_args(argv)
-    # 0 failed in range() with a traceback; a negative one wrote every split without a document
-    if args.n_sents < 1:
-        p.error(f"--n-sents must be at least 1, got {args.n_sents}")
     output = args.output or Path("corpus") / args.corpus
     if output.exists() and not output.is_dir():  # said before the corpus is read
         p.error(f"--output {output} is a file, not a directory")

@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from arguments import seconds
+
 TIME_LIMIT_STATUS = 124  # the exit status of a run stopped by --time-limit, as timeout's
 NUM = re.compile(r"^-?\d+(\.\d+)?$")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -111,14 +113,11 @@ def main(argv=None) -> None:
     p.add_argument("--name", default=None)
     p.add_argument("--summary", type=Path, default=None)
     p.add_argument("--gpu-id", type=int, default=-1)
-    p.add_argument("--time-limit", type=float, default=None,
+    p.add_argument("--time-limit", type=seconds, default=None,
                    help="stop training after this many seconds (exit status 124)")
     p.add_argument("--from-log", action="store_true",
                    help="do not train: rebuild the summary from an existing OUTPUT_DIR/train_log.txt")
     args, overrides = p.parse_known_args(argv)
-    if args.time_limit is not None and not args.time_limit > 0:
-        # 0 was no limit at all and a negative one stopped the training at once
-        p.error(f"--time-limit must be above 0 seconds, got {args.time_limit:g}")
     if args.from_log and not (args.output / "train_log.txt").is_file():  # (nothing to read)
         p.error(f"--from-log: there is no {args.output / 'train_log.txt'}")
     name = args.name or args.output.name

@@ -23,7 +23,7 @@ def test_an_option_below_one_is_refused(tmp_path, option, value):
     done = run_script("benchmark.py", "--models", f"x={tmp_path}", "--output",
                       str(tmp_path / "out"), option, value)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert f"error: {option} must be at least 1, got {value}" in done.stderr
+    assert f"error: argument {option}: must be at least 1, got {value}" in done.stderr
     assert not (tmp_path / "out").exists()
 
 
