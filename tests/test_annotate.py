@@ -384,6 +384,18 @@ def test_connect_asks_dask_for_what_annotate_needs(monkeypatch):
         "annotate needs Dask distributed: pip install 'spacy-fsemicrf[annotate]'")
 
 
+@pytest.mark.parametrize("address,cause", [
+    ("foo://scheduler:8786", "unknown address scheme 'foo'"),
+    ("tcp://scheduler:port", "invalid literal for int()"),
+])
+def test_a_malformed_scheduler_address_fails_clearly(address, cause):
+    """Dask refuses such an address with a ValueError, which was the command's traceback."""
+    with pytest.raises(AnnotateError) as err:
+        connect(address, None)
+    assert str(err.value).startswith(
+        f"{address!r} is not a Dask scheduler address (such as tcp://10.0.0.1:8786): {cause}")
+
+
 class StandInClient:
     """A Dask client in the test's process. Each task's result is ``results(shard)`` (an
     exception other than an AnnotateError is raised by ``Future.result``, as a failed task's);

@@ -169,6 +169,9 @@ def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]
             return Client(scheduler, timeout="30s"), None
         except OSError as err:
             raise AnnotateError(f"cannot reach the Dask scheduler at {scheduler}: {err}") from err
+        except ValueError as err:  # Dask's parse of the address: an unknown scheme, a bad port
+            raise AnnotateError(f"{scheduler!r} is not a Dask scheduler address (such as "
+                                f"tcp://10.0.0.1:8786): {err}") from err
     # the cores this process may use (its CPU affinity, a container's CPU quota), as Dask counts
     # them; os.cpu_count() counts the machine's
     n_workers = workers or dask.system.CPU_COUNT or 1
