@@ -1367,6 +1367,17 @@ def test_a_model_is_a_pipeline_directory_or_an_installed_package(tmp_path, monke
     assert resolve_model("no_such_pipeline", must_exist_here=False) == "no_such_pipeline"
 
 
+def test_a_model_path_only_the_workers_have_is_made_absolute_here(tmp_path, monkeypatch):
+    """The workers of a remote cluster run in their own directories: a relative path sent as
+    it is loaded the pipeline at that path under a worker's directory, or none."""
+    from spacy_fsemicrf.annotate.engine import resolve_model
+
+    monkeypatch.chdir(tmp_path)
+    for model in ("models/ner", "./ner", "../ner"):
+        assert resolve_model(model, must_exist_here=False) == os.path.abspath(model)
+    assert resolve_model("/shared/ner", must_exist_here=False) == "/shared/ner"
+
+
 def test_annotate_hands_its_settings_on_and_sums_up_the_run(tmp_path, monkeypatch):
     """What ``annotate`` gives its task loop (stood in for here: it writes some of the shards,
     then returns or is interrupted) and what it makes of the result: the summary, the

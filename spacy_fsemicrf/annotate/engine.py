@@ -143,9 +143,9 @@ def shard_task(
 
 
 def resolve_model(model: str, must_exist_here: bool) -> str:
-    """An absolute path for a pipeline directory here, else the name as given (an installed
-    package). Without a remote cluster the model must be loadable here: checked before any
-    worker starts."""
+    """An absolute path for a pipeline directory here, or for a path that is not here (on a
+    remote cluster's storage), else the name as given (an installed package). Without a remote
+    cluster the model must be loadable here: checked before any worker starts."""
     path = Path(model)
     if path.exists():
         if not (path / "config.cfg").is_file():
@@ -156,6 +156,10 @@ def resolve_model(model: str, must_exist_here: bool) -> str:
             f"MODEL {model!r} not found: it is neither a pipeline directory nor an installed "
             f"pipeline package"
         )
+    if len(path.parts) > 1 or model.startswith("."):  # no package name: a path
+        # relative to this process's directory, as INPUT and OUTPUT are: a worker would read it
+        # from its own, and load another pipeline or none
+        return os.path.abspath(model)
     return model
 
 
