@@ -744,6 +744,25 @@ def test_an_output_not_finished_or_not_readable_is_named(tmp_path):
         read_output(out, spacy.blank("en").vocab)
 
 
+def test_the_entities_of_an_output_not_finished_are_named_missing(tmp_path):
+    """An interrupted run has no entities.jsonl (even with all its shards written): a bare
+    FileNotFoundError said neither why nor what to do."""
+    from spacy_fsemicrf.annotate.shards import merge_entities, prepare_output
+
+    out = tmp_path / "out"
+    with pytest.raises(AnnotateError, match="^cannot read .*manifest.json"):
+        read_entities(out)
+    shards = plan_shards_of_one_text(tmp_path)
+    prepare_output(out, "model", 10, shards)
+    write_shard(out, 0, [spacy.blank("en")("Hello there .")], [{"id": "x"}])
+    with pytest.raises(AnnotateError) as err:
+        read_entities(out)
+    assert str(err.value) == (
+        f"{out / 'entities.jsonl'} is missing: the run has not finished; rerun it")
+    merge_entities(out, shards)
+    assert read_entities(out) == [{"id": "x"}]
+
+
 def test_output_files_are_readable_as_the_umask_allows(tmp_path):
     """mkstemp creates 0600 files; renamed into place they kept that mode, so another user's
     downstream job could not read the shards."""

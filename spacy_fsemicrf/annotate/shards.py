@@ -314,7 +314,11 @@ def read_output(output: Union[str, Path], vocab: Vocab) -> List[Doc]:
 
 
 def read_entities(output: Union[str, Path]) -> List[Dict[str, Any]]:
-    """The records of OUTPUT/entities.jsonl."""
-    with (Path(output) / ENTITIES).open(encoding="utf8") as f:
+    """The records of OUTPUT/entities.jsonl (written when the run has annotated every shard)."""
+    path = Path(output) / ENTITIES
+    if not path.exists():  # said as read_output says it, not as a bare FileNotFoundError
+        _read_manifest(Path(output) / MANIFEST)  # no run at all: that is said instead
+        raise AnnotateError(f"{path} is missing: the run has not finished; rerun it")
+    with path.open(encoding="utf8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
