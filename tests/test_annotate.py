@@ -1263,6 +1263,22 @@ def test_the_run_hands_its_options_to_the_task_loop(tmp_path, monkeypatch):
     assert n_workers == 1 and client.returned == ["scheduler_info"]
 
 
+def test_a_scheduler_without_workers_is_said(tmp_path, monkeypatch, capsys):
+    """Dask holds the tasks until a worker joins: the command waited without a word."""
+    from spacy_fsemicrf.annotate import engine
+
+    client = StandInClient()
+    client.scheduler_info = lambda: {"workers": {}}
+    monkeypatch.setattr(engine, "connect", lambda scheduler, workers: (client, None))
+    monkeypatch.setattr(engine, "_run_tasks", lambda *args: None)
+    address = "tcp://10.0.0.1:8786"
+    assert engine._run_todo(None, address, None, "model", ["a", "b"], [], tmp_path, None, False,
+                            None) == 0
+    assert capsys.readouterr().err == (
+        f"the Dask scheduler at {address} has no workers: the 2 shards wait until one joins "
+        f"(Ctrl-C stops the run)\n")
+
+
 def test_ctrl_c_while_the_own_cluster_closes_lets_it_close(tmp_path, monkeypatch,
                                                           terminal_ctrl_c):
     """The run's own client and cluster close even when Ctrl-C comes while they do (the client

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -334,6 +335,10 @@ def _run_todo(client, scheduler: Optional[str], workers: Optional[int], model: s
         try:
             with ctrl_c_deferred():
                 n_workers = len(client.scheduler_info()["workers"]) if client is not None else 0
+            if todo and not n_workers:  # Dask holds the tasks until a worker joins, silently
+                at = f" at {scheduler}" if scheduler else ""
+                print(f"the Dask scheduler{at} has no workers: the {len(todo)} shards wait until "
+                      f"one joins (Ctrl-C stops the run)", file=sys.stderr)
             _run_tasks(client, model, todo, shards, output, batch_size, progress, on_shard_done)
         finally:
             if own_client:
