@@ -189,14 +189,12 @@ def build_structured_model(
     grad_scaler: Optional[Dict[str, Any]],
 ) -> Model[ModelInput, Any]:
     """Chain ``tok2vec`` and the PyTorch head of ``arch`` (built later, at initialize)."""
+    # a head of hidden width 0 builds (torch allows empty layers): the span heads would fail at
+    # their first update, the linear CRF would train emissions that read no token vector
+    for name in ("max_width", "hidden_width"):
+        if int(head_kwargs[name]) < 1:
+            raise ValueError(f"{name} must be at least 1, got {int(head_kwargs[name])}")
     max_width = int(head_kwargs["max_width"])
-    if max_width < 1:
-        raise ValueError(f"max_width must be at least 1, got {max_width}")
-    # a head of width 0 builds (torch allows empty layers): the span heads would fail at their
-    # first update, the linear CRF would train emissions that read no token vector
-    hidden_width = int(head_kwargs["hidden_width"])
-    if hidden_width < 1:
-        raise ValueError(f"hidden_width must be at least 1, got {hidden_width}")
     _check_head_kwargs(arch, head_kwargs)
     head = make_head_model(arch, head_kwargs, mixed_precision=mixed_precision,
                            grad_scaler=grad_scaler)
