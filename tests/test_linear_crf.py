@@ -9,6 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spacy_fsemicrf.structured import linear_crf
+from spacy_fsemicrf.structured.nbest import crf_nbest
 from spacy_fsemicrf.structured.linear_crf import (
     crf_best_sequence_prob,
     crf_log_partition,
@@ -265,6 +266,59 @@ def test_crf_matches_brute_force(problem):
             assert [tuple(r[1:]) for r in got.tolist()] == entities_by_definition(
                 seq, ts.names, scheme
             )
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("scheme", ["BIO", "BILUO"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_tag_scored_minus_infinity_is_in_no_sequence(seed, scheme, masked):
+    """Against enumeration, where a sequence through an emission or a transition of -inf
+    weighs exp(-inf) = 0: log Z, the best score and sequence, the tag and span marginals, the
+    best sequence's probability, and a gradient without NaN (as the semi-CRF treats a segment
+    of -inf). A token whose entity tags were all -inf, or a tag no other could move to, made
+    every result NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    ts = tag_scheme(2, scheme)
+    n = ts.n_tags
+    B, L = 2, 4 if scheme == "BILUO" else 5
+    lengths = torch.tensor([L, 3])
+    em = torch.randn((B, L, n), generator=gen, dtype=DTYPE)
+    em[torch.rand(em.shape, generator=gen) < 0.3] = -math.inf
+    em[:, 1, 1:] = -math.inf  # no entity tag on the second token
+    em[:, :, 0] = em[:, :, 0].clamp_min(-1.0)  # O stays possible: every document has a sequence
+    T = torch.randn((n + 1, n + 1), generator=gen, dtype=DTYPE)
+    T[torch.rand(T.shape, generator=gen) < 0.3] = -math.inf
+    T[:, 2] = -math.inf  # nothing moves to the tag I-1
+    T[0, 0] = T[n, 0] = T[0, n] = 0.0
+    allowed = ts.allowed if masked else None
+    x = em.clone().requires_grad_()
+    log_z = crf_log_partition(x, T, lengths, allowed)
+    (grad,) = torch.autograd.grad(log_z.sum(), x)
+    tags, best = crf_viterbi(em, T, lengths, allowed)
+    marginals = crf_marginals(em, T, lengths, allowed)
+    best_prob = crf_best_sequence_prob(em, T, lengths, allowed)
+    spans = all_spans(lengths, 2)
+    span_probs = crf_span_marginals(em, T, lengths, spans, ts, allowed)
+    for b in range(B):
+        k = int(lengths[b])
+        enum = crf_enumerate(em[b], T, k, allowed)
+        assert log_z[b].item() == pytest.approx(enum.log_z, abs=1e-9)
+        assert best[b].item() == pytest.approx(enum.best_score, abs=1e-9)
+        assert tuple(tags[b, :k].tolist()) in enum.best_paths
+        assert best_prob[b].item() == pytest.approx(
+            math.exp(enum.best_score - enum.log_z), abs=1e-9
+        )
+        assert torch.allclose(marginals[b], enum.marginals, atol=1e-9)
+        probs = crf_span_probabilities(enum, ts.names, scheme)
+        for row in (spans[:, 0] == b).nonzero().flatten().tolist():
+            span = tuple(spans[row, 1:].tolist())
+            assert span_probs[row].item() == pytest.approx(probs.get(span, 0.0), abs=1e-9)
+        ranked = sorted((v for _, v in enum.paths), reverse=True)[:4]
+        found = crf_nbest(em[b : b + 1, :k], T, lengths[b : b + 1], ts, 4, allowed)[0]
+        expected = [math.exp(v - enum.log_z) for v in ranked if v > -math.inf]
+        assert [s.prob for s in found] == pytest.approx(expected, abs=1e-9)
+    assert torch.allclose(grad, marginals, atol=1e-9)
+    assert not marginals[em == -math.inf].any()
 
 
 @settings(max_examples=40, deadline=None)

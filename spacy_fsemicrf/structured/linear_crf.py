@@ -6,7 +6,9 @@ Tags: ``O`` is 0; for entity label ``l`` in ``1..M`` the BIO tags are ``B-l = 2l
 a sequence ``y`` of a document of ``n > 0`` tokens scores
 ``T[START, y_0] + sum_t emissions[t, y_t] + sum_t T[y_t-1, y_t] + T[y_n-1, END]``, the empty
 document 0. ``allowed`` (from :class:`TagScheme`) masks invalid transitions with NEG, so the
-invalid sequences get probability 0 (they still exist, with a score near NEG).
+invalid sequences get probability 0 (they still exist, with a score near NEG). An emission or
+a transition of -inf counts as NEG: a sequence through it has probability 0, as a segment scored
+-inf in the semi-CRF.
 
 Forward, backward and Viterbi loop over positions, batched over documents; a document shorter
 than the batch carries its state unchanged through the padding.
@@ -17,7 +19,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .semiring import logsumexp, lse, masked_fill_neg
+from .semiring import NEG, logsumexp, lse, masked_fill_neg, neg_value
 from .spans import check_gold_spans, check_span_rows, token_coverage, token_mask
 
 __all__ = [
@@ -156,10 +158,17 @@ def tags_to_spans(tags: torch.Tensor, lengths: torch.Tensor, scheme: TagScheme) 
     return torch.stack([doc, start, end, labels[doc, start]], 1)
 
 
-def _masked_transitions(transitions: torch.Tensor, allowed: Optional[torch.Tensor]) -> torch.Tensor:
-    if allowed is None:
-        return transitions
-    return masked_fill_neg(transitions, allowed.to(transitions.device))
+def _prepared(
+    emissions: torch.Tensor, transitions: torch.Tensor, allowed: Optional[torch.Tensor]
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``emissions`` and ``transitions`` (in the emissions' dtype, masked where ``allowed`` is
+    False) with -inf raised to NEG: a position or a tag that only -inf reaches would make
+    :func:`lse` NaN (as the semi-CRF, a -inf score is in no sequence with any probability)."""
+    neg = neg_value(emissions.dtype)
+    T = transitions.to(emissions.dtype).clamp_min(neg)
+    if allowed is not None:
+        T = masked_fill_neg(T, allowed.to(T.device))
+    return emissions.clamp_min(neg), T
 
 
 def _forward(
@@ -211,8 +220,7 @@ def crf_log_partition(
     transitions where ``allowed`` is False are masked with NEG.
     """
     lengths = lengths.to(emissions.device).long()
-    T = _masked_transitions(transitions.to(emissions.dtype), allowed)
-    return _forward(emissions, T, lengths)[1]
+    return _forward(*_prepared(emissions, transitions, allowed), lengths)[1]
 
 
 def crf_score(
@@ -227,7 +235,7 @@ def crf_score(
     device = emissions.device
     lengths = lengths.to(device).long()
     tags = tags.to(device).long()
-    T = _masked_transitions(transitions.to(emissions.dtype), allowed)
+    emissions, T = _prepared(emissions, transitions, allowed)
     if L == 0:
         return emissions.new_zeros(B)
     in_doc = token_mask(lengths, L)
@@ -251,7 +259,7 @@ def crf_viterbi(
         B, L, n = emissions.shape
         device = emissions.device
         lengths = lengths.to(device).long()
-        T = _masked_transitions(transitions.to(emissions.dtype), allowed)
+        emissions, T = _prepared(emissions, transitions, allowed)
         if L == 0:
             return torch.zeros((B, 0), dtype=torch.long, device=device), emissions.new_zeros(B)
         trans_t = T[:n, :n].t().contiguous()  # [next, prev]
@@ -293,8 +301,7 @@ def crf_marginals(
         lengths = lengths.to(emissions.device).long()
         # float64, as crf_span_marginals: in float32, alpha + beta - log Z of a long document
         # (|log Z| in the ten thousands) is off by a few hundredths
-        em = emissions.double()
-        T = _masked_transitions(transitions.to(em.dtype), allowed)
+        em, T = _prepared(emissions.double(), transitions, allowed)
         alphas, log_z = _forward(em, T, lengths)
         betas = _backward(em, T, lengths)
         probs = (alphas + betas - log_z.view(-1, 1, 1)).exp().clamp_max(1.0)
@@ -347,19 +354,25 @@ def crf_span_marginals(
     with torch.no_grad():
         # float64 throughout: in float32, alpha + beta - log Z of a long document (|log Z| in
         # the thousands) and the prefix-sum differences of a long I run lose ~1e-3 in log space.
-        em = emissions.double()
-        T = _masked_transitions(transitions.to(em.dtype), allowed)
+        em, T = _prepared(emissions.double(), transitions, allowed)
         alphas, log_z = _forward(em, T, lengths)
         betas = _backward(em, T, lengths)
         M = scheme.n_labels
         i_tags = scheme.tag("I", torch.arange(1, M + 1, device=device))
         g = T[i_tags, i_tags] + em[:, :, i_tags]  # one I-l -> I-l step at each position
+        # Impossible steps (NEG) are counted apart: in the prefix sum, a NEG before the run
+        # would cancel out of the difference and leave the run's own steps rounded away.
+        blocked = g < NEG / 2
+        g = torch.where(blocked, g.new_zeros(()), g)
         G = torch.nn.functional.pad(g.cumsum(1), (0, 0, 1, 0))  # G[:, k] = sum_{u < k}
+        N = torch.nn.functional.pad(blocked.long().cumsum(1), (0, 0, 1, 0))
 
         def i_run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            """Sum of the I-l steps at positions a..b (0 when b < a)."""
+            """Sum of the I-l steps at positions a..b (0 when b < a; NEG if one is NEG)."""
             b1 = (b + 1).clamp(0, L)
-            return G[doc, b1, lab - 1] - G[doc, a.clamp(0, L).minimum(b1), lab - 1]
+            a1 = a.clamp(0, L).minimum(b1)
+            run = G[doc, b1, lab - 1] - G[doc, a1, lab - 1]
+            return masked_fill_neg(run, N[doc, b1, lab - 1] == N[doc, a1, lab - 1])
 
         def em_at(pos: torch.Tensor, tag: torch.Tensor) -> torch.Tensor:
             return em[doc, pos.clamp(0, L - 1), tag]
