@@ -30,7 +30,10 @@ def test_differences_pair_each_seed_with_the_benchmark_run_of_that_seed(tmp_path
     with pytest.raises(ValueError, match="no seed"):
         versus_corpora.compare({"nemo": str(scored)}, "cand", 2, "crf", benchmark)
     # outputs keep a stem's dots: x_0.25 writes x_0.25.json, not x_0.json
+    # the result as main records it: the table names the benchmark file it was paired with
     versus_corpora.write_outputs({"candidate": "cand", "margin": 2.0, "pipeline": "semicrf",
-                                  "corpora": {"nemo": res}}, tmp_path / "x_0.25",
-                                 versus_corpora.write_markdown)
-    assert (tmp_path / "x_0.25.json").exists() and "| nemo | 2 |" in (tmp_path / "x_0.25.md").read_text()
+                                  "benchmark": "bench.json", "corpora": {"nemo": res}},
+                                 tmp_path / "x_0.25", versus_corpora.write_markdown)
+    text = (tmp_path / "x_0.25.md").read_text()
+    assert (tmp_path / "x_0.25.json").exists() and "| nemo | 2 |" in text
+    assert "`semicrf` (`bench.json`)" in text
