@@ -238,6 +238,8 @@ def main(argv=None) -> None:
     p.add_argument("--output", type=Path, default=Path("benchmarks/results/corpora"))
     args = p.parse_args(argv)
     runs = load_runs(args.runs)
+    if not runs:  # a report of empty tables would replace the one at --output
+        p.error(f"no finished run under {args.runs} (RUNS/<corpus>/<pipeline>@seed<N>/run.json)")
     stats = {r["corpus"]: json.loads((args.corpus_dir / r["corpus"] / "stats.json").read_text())
              for r in runs if (args.corpus_dir / r["corpus"] / "stats.json").exists()}
     # the corpora and pipelines in the order scripts/corpora.py runs and reports them (imported

@@ -339,3 +339,16 @@ def test_corpora_refuses_out_of_range_options(option, value, tmp_path, capsys, m
         corpora.main(["--output", str(tmp_path / "out"), option, value])
     assert exit_info.value.code == 2 and option in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_report_without_runs_is_refused_and_keeps_the_results(tmp_path, capsys):
+    """A --runs folder without run records (a typo, runs not made yet) wrote a report of empty
+    tables over the one at --output and exited 0."""
+    out = tmp_path / "results" / "corpora"
+    out.parent.mkdir()
+    out.with_suffix(".md").write_text("the results\n")
+    with pytest.raises(SystemExit) as exit_info:
+        corpora_report.main(["--runs", str(tmp_path / "no_runs"), "--output", str(out)])
+    assert exit_info.value.code == 2 and "no finished run under" in capsys.readouterr().err
+    assert out.with_suffix(".md").read_text() == "the results\n"
+    assert not out.with_suffix(".json").exists()
