@@ -15,12 +15,16 @@ head's cost is mostly a fixed cost per operator. Writes ``<output>.json`` and ``
 import argparse
 import contextlib
 import json
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import check_file, check_pipeline, count  # noqa: E402
 
 # CPU time of the calling thread: on one thread it is the work done, and unlike wall time it does
 # not grow when other processes share the cores.
@@ -84,8 +88,21 @@ def cut_docs(nlp, docs, length: int, n_tokens: int):
     from spacy.tokens import Doc
 
     words = [t.text for doc in docs for t in doc]
+    if not 1 <= length <= len(words):  # one shorter document would be timed as this length
+        raise ValueError(f"documents of {length} tokens from a running text of {len(words)}")
     n_docs = max(1, min(len(words) // length, max(1, n_tokens // length)))
     return [Doc(nlp.vocab, words=words[i * length:(i + 1) * length]) for i in range(n_docs)]
+
+
+def check_lengths(parser: argparse.ArgumentParser, docs, lengths: List[int],
+                  option: str = "--lengths") -> None:
+    """argparse's error for a document length that the running text of ``docs`` (the test
+    set) does not fill: :func:`cut_docs` would fail on it after the settings before it ran."""
+    n_words = sum(len(doc) for doc in docs)
+    for length in lengths:
+        if length > n_words:
+            parser.error(f"{option}: {length} tokens is longer than the test set "
+                         f"({n_words} tokens)")
 
 
 def profile(nlp, docs, batch_size: int, repeats: int) -> Dict[str, float]:
@@ -154,22 +171,25 @@ def exclusive(times: Dict[str, float]) -> Dict[str, float]:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
     parser.add_argument("--test", required=True)
     parser.add_argument("--output", required=True, help="path prefix of the .json/.md files")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[10, 35, 150, 1500])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 1])
-    parser.add_argument("--tokens", type=int, default=30000, help="tokens per setting")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--lengths", type=count, nargs="+", default=[10, 35, 150, 1500])
+    parser.add_argument("--batch-sizes", type=count, nargs="+", default=[64, 1])
+    parser.add_argument("--tokens", type=count, default=30000, help="tokens per setting")
+    parser.add_argument("--repeats", type=count, default=3)
+    args = parser.parse_args(argv)
+    check_pipeline(parser, "--model", args.model)
+    check_file(parser, "--test", args.test)
     torch.set_num_threads(1)
     import spacy
     from spacy.tokens import DocBin
 
     nlp = spacy.load(args.model)
     test = list(DocBin().from_disk(args.test).get_docs(nlp.vocab))
+    check_lengths(parser, test, args.lengths)
     rows = []
     for length in args.lengths:
         docs = cut_docs(nlp, test, length, args.tokens)

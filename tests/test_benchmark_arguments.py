@@ -1,0 +1,86 @@
+"""Command lines of the benchmarks without a test file of their own (profile_predict.py,
+check_predictions.py, head_ab.py): bad arguments are argparse's one-line error, exit status 2,
+before any pipeline loads; documents cut to a length are that long."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import spacy
+from spacy.tokens import Doc, DocBin
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name: str):
+    """A module of benchmarks/, with sys.path as it was (the scripts put their folders first)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    path = list(sys.path)
+    spec.loader.exec_module(module)
+    sys.path[:] = path
+    return module
+
+
+profile_predict = load("profile_predict")
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """A directory with a config.cfg (a pipeline as far as the checks go), a test file of
+    three documents of four tokens, and spacy.load failing: nothing may load."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.cfg").write_text("")
+    vocab = spacy.blank("en").vocab
+    docs = [Doc(vocab, words=["a", "b", "c", "d"]) for _ in range(3)]
+    DocBin(docs=docs).to_disk(tmp_path / "test.spacy")
+    monkeypatch.setattr(spacy, "load", lambda *a, **k: pytest.fail("nothing loads"))
+    return tmp_path
+
+
+def refused(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    return err
+
+
+def test_documents_are_cut_to_their_length_or_refused():
+    """A length longer than the running text gave one shorter document, timed as that
+    length; 0 divided by zero."""
+    vocab = spacy.blank("en").vocab
+    docs = [Doc(vocab, words=["w"] * 7), Doc(vocab, words=["v"] * 5)]
+    assert [len(d) for d in profile_predict.cut_docs(spacy.blank("en"), docs, 5, 100)] == [5, 5]
+    assert [len(d) for d in profile_predict.cut_docs(spacy.blank("en"), docs, 12, 1)] == [12]
+    for length in (13, 0, -1):
+        with pytest.raises(ValueError):
+            profile_predict.cut_docs(spacy.blank("en"), docs, length, 100)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "{tmp}/none"], "--model {tmp}/none is not a pipeline directory"),
+    (["--test", "{tmp}/none.spacy"], "--test: no such file: {tmp}/none.spacy"),
+    (["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+    (["--lengths", "10", "0"], "argument --lengths: must be at least 1, got 0"),
+    (["--batch-sizes", "-1"], "argument --batch-sizes: must be at least 1, got -1"),
+    (["--tokens", "0"], "argument --tokens: must be at least 1, got 0"),
+])
+def test_profile_predict_refuses_bad_arguments(files, capsys, args, message):
+    """Before: spaCy's or DocBin's traceback for a missing model or test file, a repeat count
+    of 0 reported the warm-up run as the best of 0, and a length or batch size below 1 failed
+    in range() or divided by zero after the first settings ran."""
+    argv = ["--model", f"{files}/model", "--test", f"{files}/test.spacy",
+            "--output", f"{files}/out/profile"]
+    argv += [a.format(tmp=files) for a in args]
+    assert message.format(tmp=files) in refused(profile_predict.main, argv, capsys)
+    assert not (files / "out").exists()
+
+
+def test_a_length_longer_than_the_test_set_is_named():
+    parser = profile_predict.argparse.ArgumentParser()
+    vocab = spacy.blank("en").vocab
+    docs = [Doc(vocab, words=["w"] * 7)]
+    profile_predict.check_lengths(parser, docs, [7])
+    with pytest.raises(SystemExit):
+        profile_predict.check_lengths(parser, docs, [3, 8])
