@@ -40,7 +40,10 @@ from typing import Any, Callable, Dict, List  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_predict import cut_docs  # noqa: E402
+from profile_predict import check_lengths, cut_docs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import check_file, count, named_pipelines  # noqa: E402
 
 
 def time_pipe(nlp, docs, batch_size: int, disable: List[str]) -> float:
@@ -123,26 +126,32 @@ def markdown(rows: List[Dict[str, Any]], names: List[str], reference: str,
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", required=True, help="name=path")
     parser.add_argument("--test", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--encoder-only", default=None, help="a pipeline whose tok2vec alone is timed")
     parser.add_argument("--reference", default="ner")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[10, 35, 150, 1500])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 1])
-    parser.add_argument("--tokens", type=int, default=24000, help="tokens per length (batch 64)")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--lengths", type=count, nargs="+", default=[10, 35, 150, 1500])
+    parser.add_argument("--batch-sizes", type=count, nargs="+", default=[64, 1])
+    parser.add_argument("--tokens", type=count, default=24000, help="tokens per length (batch 64)")
+    parser.add_argument("--repeats", type=count, default=9)
     parser.add_argument("--numpy-blas", action="store_true",
                         help="also time every pipeline (as <name>+numpy) with thinc's CPU matrix "
                              "products through NumPy's BLAS instead of blis")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    paths = named_pipelines(parser, "--models", args.models)
+    # the ratios are to the reference and the head shares to the tok2vec of --encoder-only:
+    # one that is not among the pipelines failed after every timing, or gave no head share
+    for option, name in (("--reference", args.reference), ("--encoder-only", args.encoder_only)):
+        if name is not None and name not in paths:
+            parser.error(f"{option} {name} is not one of the --models names ({', '.join(paths)})")
+    check_file(parser, "--test", args.test)
     torch.set_num_threads(1)
     import spacy
     from spacy.tokens import DocBin
 
-    paths = dict(m.split("=", 1) for m in args.models)
     nlps = {name: spacy.load(path) for name, path in paths.items()}
     if args.numpy_blas:  # a model takes the current ops when it is made, so load under them
         from thinc.api import use_ops
@@ -158,6 +167,7 @@ def main() -> None:
     limits = {name: f"{name}:tok2vec" for name in names if f"{name}:tok2vec" in names}
     vocab = next(iter(nlps.values())).vocab
     test = list(DocBin().from_disk(args.test).get_docs(vocab))
+    check_lengths(parser, test, args.lengths)
     rows = []
     for length in args.lengths:
         docs = cut_docs(next(iter(nlps.values())), test, length, args.tokens)
@@ -180,7 +190,7 @@ def main() -> None:
     meta = {"models": paths, "test": args.test, "threads": 1, "repeats": args.repeats,
             "clock": "thread CPU time", "torch": torch.__version__, "spacy": spacy.__version__}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/throughput.py " + " ".join(argv or sys.argv[1:])
     text = markdown(rows, names, args.reference, limits, args.repeats, args.test, command)
     out.with_suffix(".md").write_text(text)
     print(text)

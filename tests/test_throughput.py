@@ -65,3 +65,32 @@ def test_turns_are_one_batch_and_at_batch_one_sixteen_documents():
     assert [len(t) for t in throughput.turns(docs, 64)] == [64, 64, 22]
     assert [len(t) for t in throughput.turns(docs, 1)] == [16] * 9 + [6]
     assert sum(throughput.turns(docs, 1), []) == docs
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--models", "{tmp}/model"], "--models takes NAME=PATH, got '{tmp}/model'"),
+    (["--models", "ner={tmp}/none"], "--models {tmp}/none is not a pipeline directory"),
+    (["--models", "head={tmp}/model"], "--reference ner is not one of the --models names (head)"),
+    (["--encoder-only", "head"], "--encoder-only head is not one of the --models names (ner)"),
+    (["--test", "{tmp}/none.spacy"], "--test: no such file: {tmp}/none.spacy"),
+    (["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+    (["--batch-sizes", "0"], "argument --batch-sizes: must be at least 1, got 0"),
+])
+def test_bad_arguments_are_named_before_any_pipeline_loads(tmp_path, capsys, monkeypatch, args,
+                                                           message):
+    """Before: a traceback, for a --reference not among the pipelines after every timing, and
+    --repeats 0 after the warm-up."""
+    import spacy
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.cfg").write_text("")
+    (tmp_path / "test.spacy").write_bytes(b"")
+    monkeypatch.setattr(spacy, "load", lambda *a, **k: pytest.fail("nothing loads"))
+    argv = ["--models", f"ner={tmp_path}/model", "--test", f"{tmp_path}/test.spacy",
+            "--output", f"{tmp_path}/out/throughput"]
+    argv += [a.format(tmp=tmp_path) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        throughput.main(argv)
+    assert exit_info.value.code == 2
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
