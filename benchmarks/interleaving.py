@@ -28,7 +28,10 @@ import numpy
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_predict import cut_docs, timed_stages  # noqa: E402
+from profile_predict import check_lengths, cut_docs, timed_stages  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import check_file, count, named_pipelines  # noqa: E402
 
 CLOCK = time.thread_time
 PARTS = ("tok2vec apart", "head apart", "tok2vec in turn", "head in turn", "head after traffic")
@@ -128,22 +131,23 @@ def markdown(rows: List[Dict], stages: Dict[int, Dict[str, Dict[str, Dict[str, f
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", required=True,
                         help="name=path of pipelines of a tok2vec and one head")
     parser.add_argument("--test", required=True)
     parser.add_argument("--output", required=True)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[10, 35])
-    parser.add_argument("--docs", type=int, default=400, help="documents per length")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--lengths", type=count, nargs="+", default=[10, 35])
+    parser.add_argument("--docs", type=count, default=400, help="documents per length")
+    parser.add_argument("--repeats", type=count, default=5)
+    args = parser.parse_args(argv)
+    paths = named_pipelines(parser, "--models", args.models)
+    check_file(parser, "--test", args.test)
     torch.set_num_threads(1)
     import spacy
     from spacy.tokens import DocBin
 
-    paths = dict(m.split("=", 1) for m in args.models)
     nlps = {name: spacy.load(path) for name, path in paths.items()}
     for name, nlp in nlps.items():
         if len(nlp.pipe_names) != 2 or nlp.pipe_names[0] != "tok2vec":
@@ -151,6 +155,7 @@ def main() -> None:
     names = list(nlps)
     first = nlps[names[0]]
     test = list(DocBin().from_disk(args.test).get_docs(first.vocab))
+    check_lengths(parser, test, args.lengths)
     rows, seconds, stages = [], {}, {}
     for length in args.lengths:
         docs = cut_docs(first, test, length, length * args.docs)
@@ -181,7 +186,7 @@ def main() -> None:
             "spacy": spacy.__version__}
     out.with_suffix(".json").write_text(json.dumps(
         {"meta": meta, "rows": rows, "seconds": seconds, "stages": stages}, indent=2))
-    command = "python benchmarks/interleaving.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/interleaving.py " + " ".join(argv or sys.argv[1:])
     text = markdown(rows, stages, args.repeats, args.test, command)
     out.with_suffix(".md").write_text(text)
     print(text)

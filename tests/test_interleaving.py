@@ -69,3 +69,31 @@ def test_the_table_has_a_row_per_pipeline_and_the_ratio_of_each_stage():
     assert "| word pooling | 20 | 30 | 1.50 |" in lines
     assert "| head | 500 | 750 | 1.50 |" in lines
     assert text.endswith("Made by `python ARGS`.\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--models", "{tmp}/model"], "--models takes NAME=PATH, got '{tmp}/model'"),
+    (["--models", "a={tmp}/none"], "--models {tmp}/none is not a pipeline directory"),
+    (["--test", "{tmp}/none.spacy"], "--test: no such file: {tmp}/none.spacy"),
+    (["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+    (["--docs", "0"], "argument --docs: must be at least 1, got 0"),
+    (["--lengths", "0"], "argument --lengths: must be at least 1, got 0"),
+])
+def test_bad_arguments_are_named_before_any_pipeline_loads(tmp_path, capsys, monkeypatch, args,
+                                                           message):
+    """Before: a traceback, for --repeats 0 after the warm-up repeat; --docs 0 timed one
+    document."""
+    import spacy
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.cfg").write_text("")
+    (tmp_path / "test.spacy").write_bytes(b"")
+    monkeypatch.setattr(spacy, "load", lambda *a, **k: pytest.fail("nothing loads"))
+    argv = ["--models", f"a={tmp_path}/model", "--test", f"{tmp_path}/test.spacy",
+            "--output", f"{tmp_path}/out/interleaving"]
+    argv += [a.format(tmp=tmp_path) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        interleaving.main(argv)
+    assert exit_info.value.code == 2
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
