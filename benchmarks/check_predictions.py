@@ -24,7 +24,10 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_predict import cut_docs  # noqa: E402
+from profile_predict import check_lengths, cut_docs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import check_file, check_pipeline, count  # noqa: E402
 
 Record = Tuple[tuple, tuple, bytes, float, tuple]
 
@@ -49,19 +52,33 @@ def record(nlp, docs, batch_size: int, key: str, candidates: Optional[str]) -> L
     return out
 
 
-def main() -> None:
+def doc_length(text: str) -> int:
+    """A document length, or 0 for the test documents as they are."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (the test documents) or more, got {value}")
+    return value
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
     parser.add_argument("--test", required=True)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[0, 10, 35, 150, 1500],
+    parser.add_argument("--lengths", type=doc_length, nargs="+", default=[0, 10, 35, 150, 1500],
                         help="document lengths; 0 for the test documents as they are")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 7, 64])
-    parser.add_argument("--tokens", type=int, default=20000, help="tokens per length")
+    parser.add_argument("--batch-sizes", type=count, nargs="+", default=[1, 7, 64])
+    parser.add_argument("--tokens", type=count, default=20000, help="tokens per length")
     parser.add_argument("--margin", type=float, default=3.0, help="filter_margin of the second pass")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--save")
     group.add_argument("--compare")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_pipeline(parser, "--model", args.model)
+    check_file(parser, "--test", args.test)
+    if args.compare:  # read after every prediction is made
+        check_file(parser, "--compare", args.compare)
+    elif not Path(args.save).parent.is_dir():
+        parser.error(f"--save {args.save}: no such directory: {Path(args.save).parent}")
     torch.set_num_threads(1)
     import spacy
     from spacy.tokens import DocBin
@@ -70,6 +87,9 @@ def main() -> None:
     ner = nlp.get_pipe("fsemicrf_ner")
     key = ner.spans_key
     test = list(DocBin().from_disk(args.test).get_docs(nlp.vocab))
+    if not test:  # nothing predicted would compare as identical
+        parser.error(f"--test {args.test} has no document")
+    check_lengths(parser, test, args.lengths)
     results: Dict[Tuple[int, int, float], List[Record]] = {}
     for margin, candidates in ((0.0, None), (args.margin, "check_candidates")):
         ner.filter_margin, ner.candidates_key = margin, candidates

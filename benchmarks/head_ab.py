@@ -35,7 +35,10 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_predict import cut_docs  # noqa: E402
+from profile_predict import check_lengths, cut_docs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import check_file, check_pipeline, count  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = [(10, 64), (35, 64), (150, 64), (1500, 1), (10, 1), (35, 1)]  # (length, batch)
@@ -103,20 +106,39 @@ def switcher(revision: str, specs: List[str]) -> Callable[[str], None]:
     return use
 
 
-def main() -> None:
+def setting(text: str) -> Tuple[int, int]:
+    """``LENGTHxBATCH``, both at least 1."""
+    length, sep, batch = text.partition("x")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"takes LENGTHxBATCH, got {text!r}")
+    return count(length), count(batch)
+
+
+def rounds(text: str) -> int:
+    """More rounds than the two dropped."""
+    value = int(text)
+    if value < 3:
+        raise argparse.ArgumentTypeError(f"must be at least 3 (the first two are dropped), "
+                                         f"got {value}")
+    return value
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
     parser.add_argument("--test", required=True)
     parser.add_argument("--reference", required=True, help="a git revision")
     parser.add_argument("--swap", nargs="+", required=True, help="FILE:QUALNAME")
-    parser.add_argument("--tokens", type=int, default=6400, help="tokens per setting")
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--settings", nargs="+", default=[f"{n}x{b}" for n, b in SETTINGS],
+    parser.add_argument("--tokens", type=count, default=6400, help="tokens per setting")
+    parser.add_argument("--rounds", type=rounds, default=12)
+    parser.add_argument("--settings", type=setting, nargs="+", default=SETTINGS,
                         help="LENGTHxBATCH, e.g. 10x1 (default: all six)")
     parser.add_argument("--tok2vec", action="store_true",
                         help="run the components before this one on each batch before timing it, "
                              "as a pipeline does: they leave the caches cold for the head")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_pipeline(parser, "--model", args.model)
+    check_file(parser, "--test", args.test)
     torch.set_num_threads(1)
     import spacy
     from spacy.tokens import DocBin
@@ -126,9 +148,10 @@ def main() -> None:
     use = switcher(args.reference, args.swap)
     before = nlp.pipeline[: nlp.pipe_names.index(ner.name)]
     test = list(DocBin().from_disk(args.test).get_docs(nlp.vocab))
+    check_lengths(parser, test, [length for length, _ in args.settings], "--settings")
     print(f"| length | batch | {args.reference} µs/doc | working tree µs/doc | ratio |")
     print("|---:|---:|---:|---:|---:|")
-    for length, batch_size in (tuple(map(int, x.split("x"))) for x in args.settings):
+    for length, batch_size in args.settings:
         docs = cut_docs(nlp, test, length, args.tokens)
         for _, pipe in before:
             docs = list(pipe.pipe(docs, batch_size=64))

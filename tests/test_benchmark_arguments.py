@@ -84,3 +84,39 @@ def test_a_length_longer_than_the_test_set_is_named():
     profile_predict.check_lengths(parser, docs, [7])
     with pytest.raises(SystemExit):
         profile_predict.check_lengths(parser, docs, [3, 8])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--compare", "{tmp}/none.pkl"], "--compare: no such file: {tmp}/none.pkl"),
+    (["--save", "{tmp}/no_dir/p.pkl"], "--save {tmp}/no_dir/p.pkl: no such directory"),
+    (["--save", "{tmp}/p.pkl", "--model", "{tmp}/none"], "--model {tmp}/none is not a pipeline"),
+    (["--save", "{tmp}/p.pkl", "--batch-sizes", "0"], "--batch-sizes: must be at least 1, got 0"),
+    (["--save", "{tmp}/p.pkl", "--lengths", "-1"], "--lengths: must be 0 (the test documents)"),
+    (["--save", "{tmp}/p.pkl", "--tokens", "0"], "--tokens: must be at least 1, got 0"),
+])
+def test_check_predictions_refuses_bad_arguments(files, capsys, args, message):
+    """Before: a missing --compare file or --save folder failed with a traceback once every
+    prediction was made, and --batch-sizes 0 saved no document and exited 0 (a compare of
+    nothing then found it identical)."""
+    check_predictions = load("check_predictions")
+    argv = ["--model", f"{files}/model", "--test", f"{files}/test.spacy"]
+    argv += [a.format(tmp=files) for a in args]
+    assert message.format(tmp=files) in refused(check_predictions.main, argv, capsys)
+    assert not (files / "p.pkl").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rounds", "2"], "--rounds: must be at least 3 (the first two are dropped), got 2"),
+    (["--settings", "10x0"], "--settings: must be at least 1, got 0"),
+    (["--settings", "10"], "--settings: takes LENGTHxBATCH, got '10'"),
+    (["--model", "{tmp}/none"], "--model {tmp}/none is not a pipeline directory"),
+    (["--test", "{tmp}/none.spacy"], "--test: no such file: {tmp}/none.spacy"),
+])
+def test_head_ab_refuses_bad_arguments(files, capsys, args, message):
+    """Before: --rounds 2 failed with a traceback once every round of the first setting ran
+    (no round left after the two dropped), a batch of 0 in range()."""
+    head_ab = load("head_ab")
+    argv = ["--model", f"{files}/model", "--test", f"{files}/test.spacy", "--reference", "HEAD",
+            "--swap", "spacy_fsemicrf/component.py:FSemiCRFEntityRecognizer.set_annotations"]
+    argv += [a.format(tmp=files) for a in args]
+    assert message.format(tmp=files) in refused(head_ab.main, argv, capsys)
