@@ -42,6 +42,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from arguments import count  # noqa: E402
+
 EQUIVALENT_FILE = ROOT / "scripts" / "mutation_equivalent.json"
 
 
@@ -353,6 +356,9 @@ def run_group(
     (tree / "mutation_group.json").write_text(
         json.dumps({**group.__dict__, "workers": max_children, "sample": sample,
                     "command": " ".join(["python", "scripts/mutation.py", *sys.argv[1:]])}))
+    if sample is not None and not names:  # mutmut run without names runs every mutant
+        print(f"[mutation] {name}: --sample {sample} draws no mutant; none is run", flush=True)
+        return _finish(tree, start)
     with open(tree / "mutmut.log", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names],
@@ -609,6 +615,22 @@ def modules_of(group: Group, modules: List[str], n_groups: int) -> List[str]:
     return [m for m in modules if any(fnmatch(m, own) for own in group.modules)] or group.modules
 
 
+def fraction(text: str) -> float:
+    """A share of the mutants above 0 and at most 1."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
+    return value
+
+
+def minutes(text: str) -> float:
+    """A time limit above 0 minutes (0 or below stopped every group before its first mutant)."""
+    value = float(text)
+    if not value > 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"must be above 0 minutes, got {text}")
+    return value
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", type=Path, default=Path("docs/mutation.md"))
@@ -616,14 +638,14 @@ def main(argv=None) -> None:
                    help=f"default: {' '.join(DEFAULT_GROUPS)}")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/spacy-fsemicrf-mutation"),
                    help="where the copies of the tree go (outside the working tree)")
-    p.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--max-children", type=count, default=os.cpu_count() or 2)
     p.add_argument("--source", choices=["head", "worktree"], default="head",
                    help="mutate the committed tree (default) or the working tree as it is")
     p.add_argument("--report-only", action="store_true", help="report the runs in --workdir again")
     p.add_argument("--nice", type=int, default=15, help="niceness of the run (shared machines)")
-    p.add_argument("--minutes", type=float, default=None,
+    p.add_argument("--minutes", type=minutes, default=None,
                    help="stop each group after this long and report what ran")
-    p.add_argument("--sample", type=float, default=None,
+    p.add_argument("--sample", type=fraction, default=None,
                    help="run this fraction of each module's mutants (a fixed random draw)")
     p.add_argument("--modules", nargs="+", default=None,
                    help="mutate only these modules (globs), e.g. spacy_fsemicrf/structured/filtered.py")
@@ -631,6 +653,13 @@ def main(argv=None) -> None:
     workdir = args.workdir.resolve()
     if ROOT in workdir.parents or workdir == ROOT:
         sys.exit("--workdir must be outside the repository")
+    # the report is written once every group has run: a folder missing then lost its hours
+    if args.output.is_dir() or not args.output.parent.is_dir():
+        p.error(f"--output {args.output} must be a file in an existing folder")
+    if args.report_only:
+        for name in args.groups:
+            if not (workdir / name / "mutmut.seconds").is_file():
+                p.error(f"--report-only: no finished run of {name} in {workdir}")
     os.nice(args.nice)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops mutmut too
     results = {}
