@@ -9,10 +9,14 @@ cores give close to 2x the throughput; two hyperthreads of one core, or a busy m
 import argparse
 import json
 import os
+import sys
 import time
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, Dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import count  # noqa: E402
 
 
 def python_loop(n: int = 6_000_000) -> int:
@@ -43,11 +47,13 @@ def wall(work: Callable[[], object], processes: int) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/cores.json"))
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=count, default=3)
+    args = parser.parse_args(argv)
+    if args.output.is_dir():  # written after every run
+        parser.error(f"--output {args.output} is a directory")
     rows: Dict[str, Dict[str, float]] = {}
     for name, work in (("python loop", python_loop), ("matrix product", matrix_product)):
         one = min(wall(work, 1) for _ in range(args.repeats))
@@ -58,6 +64,7 @@ def main() -> None:
               f"{2 * one / two:.2f}x the throughput")
     result = {"cpus": os.cpu_count(), "load_average_before": list(os.getloadavg()),
               "repeats": args.repeats, "rows": rows}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from spacy.util import registry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import check_file, count, named_pipelines  # noqa: E402
 
 PIPELINES = ["fsemicrf", "semicrf", "crf", "ner"]
 
@@ -206,7 +210,7 @@ def main(argv=None) -> None:
     a = sub.add_parser("agree", help="CPU and GPU predictions of the same weights")
     a.add_argument("--models", nargs="+", required=True, help="NAME=PATH")
     a.add_argument("--test", type=Path, required=True)
-    a.add_argument("--limit", type=int, default=100, help="test documents compared")
+    a.add_argument("--limit", type=count, default=100, help="test documents compared")
     a.add_argument("--devices", nargs=2, default=["cpu", "gpu"], choices=["cpu", "gpu"])
     a.add_argument("--output", type=Path, required=True)
     r = sub.add_parser("report", help="gpu_check.{json,md} from the work folder")
@@ -215,7 +219,10 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     if args.command == "agree":
+        named_pipelines(a, "--models", args.models)
+        check_file(a, "--test", args.test)
         res = agree(args.models, args.test, args.limit, args.devices)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(res, indent=1) + "\n")
         print(json.dumps(res), f"({time.perf_counter() - t0:.0f} s)")
     else:

@@ -1,7 +1,8 @@
 """Command lines of the benchmarks without a test file of their own (profile_predict.py,
-check_predictions.py, head_ab.py): bad arguments are argparse's one-line error, exit status 2,
-before any pipeline loads; documents cut to a length are that long."""
+check_predictions.py, head_ab.py, cores.py, gpu_check.py): bad arguments are argparse's one-line
+error, exit status 2, before any pipeline loads; documents cut to a length are that long."""
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -120,3 +121,42 @@ def test_head_ab_refuses_bad_arguments(files, capsys, args, message):
             "--swap", "spacy_fsemicrf/component.py:FSemiCRFEntityRecognizer.set_annotations"]
     argv += [a.format(tmp=files) for a in args]
     assert message.format(tmp=files) in refused(head_ab.main, argv, capsys)
+
+
+def test_cores_refuses_no_repeat_and_writes_into_a_new_folder(tmp_path, capsys, monkeypatch):
+    """Before: --repeats 0 was min()'s traceback, and an --output in a missing folder failed
+    once every run was timed."""
+    cores = load("cores")
+    monkeypatch.setattr(cores, "wall", lambda work, processes: 1.0 * processes)
+    for argv, message in ((["--repeats", "0"], "--repeats: must be at least 1, got 0"),
+                          (["--output", str(tmp_path)], f"--output {tmp_path} is a directory")):
+        assert message in refused(cores.main, argv, capsys)
+    cores.main(["--repeats", "1", "--output", str(tmp_path / "new" / "cores.json")])
+    assert json.loads((tmp_path / "new" / "cores.json").read_text())["repeats"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--limit", "-1"], "--limit: must be at least 1, got -1"),
+    (["--limit", "0"], "--limit: must be at least 1, got 0"),
+    (["--models", "{tmp}/model"], "--models takes NAME=PATH, got '{tmp}/model'"),
+    (["--models", "a={tmp}/none"], "--models {tmp}/none is not a pipeline directory"),
+    (["--test", "{tmp}/none.spacy"], "--test: no such file: {tmp}/none.spacy"),
+])
+def test_gpu_check_agree_refuses_bad_arguments(files, capsys, monkeypatch, args, message):
+    """Before: --limit -1 compared all but the last document and reported that count, 0 none;
+    a missing pipeline or test file was a traceback."""
+    gpu_check = load("gpu_check")
+    monkeypatch.setattr(gpu_check, "agree", lambda *a: pytest.fail("nothing is compared"))
+    argv = ["agree", "--models", f"a={files}/model", "--test", f"{files}/test.spacy",
+            "--output", f"{files}/agree.json"] + [a.format(tmp=files) for a in args]
+    assert message.format(tmp=files) in refused(gpu_check.main, argv, capsys)
+
+
+def test_gpu_check_agree_writes_into_a_new_folder(files, monkeypatch):
+    """Before: an --output in a missing folder failed once both devices had predicted."""
+    gpu_check = load("gpu_check")
+    monkeypatch.setattr(gpu_check, "agree", lambda *a: {"a": {"docs": 3}})
+    out = files / "new" / "agree.json"
+    gpu_check.main(["agree", "--models", f"a={files}/model", "--test", f"{files}/test.spacy",
+                    "--output", str(out)])
+    assert json.loads(out.read_text()) == {"a": {"docs": 3}}
