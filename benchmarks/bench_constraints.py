@@ -41,6 +41,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_structured import plausible_inputs, time_interleaved  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import check_file, check_pipeline, count  # noqa: E402
+
 from spacy_fsemicrf.structured import filtered  # noqa: E402
 from spacy_fsemicrf.structured.constrained import (  # noqa: E402
     crf_constrained,
@@ -277,18 +280,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True,
                         help="JSON path; the Markdown table goes beside it (.md)")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--batches", type=int, default=4, help="random batches (seeds)")
-    parser.add_argument("--length", type=int, default=134, help="tokens per document")
-    parser.add_argument("--sentence", type=int, default=14, help="tokens per sentence")
-    parser.add_argument("--max-width", type=int, default=10)
+    parser.add_argument("--batch", type=count, default=32)
+    parser.add_argument("--batches", type=count, default=4, help="random batches (seeds)")
+    parser.add_argument("--length", type=count, default=134, help="tokens per document")
+    parser.add_argument("--sentence", type=count, default=14, help="tokens per sentence")
+    parser.add_argument("--max-width", type=count, default=10)
     parser.add_argument("--distractors", type=float, default=0.2,
                         help="kept spans overlapping each gold span, on average")
     parser.add_argument("--false-positives", type=float, default=0.01,
                         help="stray kept spans per token")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--block", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=count, default=3)
+    parser.add_argument("--block", type=count, default=3)
+    parser.add_argument("--threads", type=count, default=1)
     parser.add_argument("--quick", action="store_true", help="1 batch, 2 rounds")
     parser.add_argument("--model", type=Path, help="a trained pipeline (timed with nlp.pipe)")
     parser.add_argument("--data", type=Path, help="with --model: a .spacy corpus, e.g. CoNLL test")
@@ -301,6 +304,8 @@ def main() -> None:
     if args.model:
         if args.data is None:
             parser.error("--model needs --data")
+        check_pipeline(parser, "--model", args.model)
+        check_file(parser, "--data", args.data)
         result = model_mode(args)
     else:
         result = random_mode(args)

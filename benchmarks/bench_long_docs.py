@@ -11,10 +11,14 @@ local classifier keeps most spans, so every document is one large cluster and go
 the position scan, the slow case.
 """
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import check_file, check_pipeline, count  # noqa: E402
 
 
 def rss_kb(field: str) -> int:
@@ -67,12 +71,14 @@ def main() -> None:
     parser.add_argument("model", nargs="?", help="a trained pipeline directory")
     parser.add_argument("--untrained", action="store_true")
     parser.add_argument("--test", type=Path, default=Path("corpus/test.spacy"))
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--sizes", type=count, nargs="+", default=[1000, 10_000, 100_000])
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.untrained:
         untrained(args.sizes)
     elif args.model:
+        check_pipeline(parser, "model", args.model)
+        check_file(parser, "--test", args.test)
         trained(args.model, args.test, args.sizes)
     else:
         parser.error("give a pipeline directory or --untrained")

@@ -31,6 +31,9 @@ from typing import Callable, Dict
 import torch
 
 from spacy_fsemicrf.structured import filtered
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import count  # noqa: E402
 from spacy_fsemicrf.structured.linear_crf import (
     crf_log_partition,
     crf_score,
@@ -229,14 +232,14 @@ def _rss_kb(field: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 256, 1024, 4096])
+    parser.add_argument("--lengths", type=count, nargs="+", default=[16, 64, 256, 1024, 4096])
     parser.add_argument("--labels", type=int, nargs="+", default=[5, 19],
                         help="classes including null (CoNLL 5, OntoNotes 19)")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--max-width", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--block", type=int, default=5,
+    parser.add_argument("--batch", type=count, default=32)
+    parser.add_argument("--max-width", type=count, default=10)
+    parser.add_argument("--repeats", type=count, default=3)
+    parser.add_argument("--threads", type=count, default=1)
+    parser.add_argument("--block", type=count, default=5,
                         help="calls in a row per head and task in each round: the first is "
                              "timed cold, the median of the rest warm")
     parser.add_argument("--quick", action="store_true", help="L in 16, 64, 256 and 2 repeats")

@@ -28,6 +28,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +43,9 @@ from spacy.tokens import DocBin
 from spacy_fsemicrf.annotate import read_entities
 from spacy_fsemicrf.annotate.engine import annotate, connect, load_pipeline
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from arguments import check_file, check_pipeline, count  # noqa: E402
+
 
 def common_arguments(description: str, output: str, repeats: int) -> argparse.ArgumentParser:
     """The arguments of this benchmark and of those built on it (``worker_heap.py``)."""
@@ -49,20 +53,29 @@ def common_arguments(description: str, output: str, repeats: int) -> argparse.Ar
     parser.add_argument("model", help="a trained pipeline directory")
     parser.add_argument("--test", type=Path, default=Path("corpus/test.spacy"))
     parser.add_argument("--output", type=Path, default=Path(output))
-    parser.add_argument("--batch-size", type=int, default=16, help="documents per nlp.pipe batch")
-    parser.add_argument("--shard-size", type=int, default=32, help="documents per Dask task")
-    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--batch-size", type=count, default=16, help="documents per nlp.pipe batch")
+    parser.add_argument("--shard-size", type=count, default=32, help="documents per Dask task")
+    parser.add_argument("--repeats", type=count, default=repeats)
     return parser
+
+
+def checked(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """The arguments, with argparse's error for a missing pipeline or test file (before the
+    pipeline loads, the clusters start and the files are read)."""
+    args = parser.parse_args(argv)
+    check_pipeline(parser, "model", args.model)
+    check_file(parser, "--test", args.test)
+    return args
 
 
 def parse_args() -> argparse.Namespace:
     parser = common_arguments(__doc__, "benchmarks/results/scale", repeats=3)
     parser.add_argument("--model-label", default=None,
                         help="what the model is, for the report (default: its path)")
-    parser.add_argument("--copies", type=int, default=1,
+    parser.add_argument("--copies", type=count, default=1,
                         help="annotate the corpus this many times over in each run: the fixed "
                              "costs of a run (starting worker processes, the last batch) weigh less")
-    return parser.parse_args()
+    return checked(parser)
 
 
 def entity_tuples(docs) -> List[tuple]:

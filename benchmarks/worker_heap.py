@@ -34,14 +34,14 @@ from spacy.tokens import DocBin
 import spacy_fsemicrf.annotate.engine as engine
 import spacy_fsemicrf.fork_safety as fork_safety
 from spacy_fsemicrf.worker_heap import keep_freed_heap
-from scale import Dask, common_arguments, entity_tuples, load_average, time_interleaved
+from scale import Dask, checked, common_arguments, entity_tuples, load_average, time_interleaved
 
 
 def parse_args() -> argparse.Namespace:
     parser = common_arguments(__doc__, "benchmarks/results/worker_heap", repeats=5)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--n-process", type=int, default=2, help=argparse.SUPPRESS)
-    return parser.parse_args()
+    return checked(parser)
 
 
 def no_op() -> bool:

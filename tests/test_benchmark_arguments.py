@@ -160,3 +160,37 @@ def test_gpu_check_agree_writes_into_a_new_folder(files, monkeypatch):
     gpu_check.main(["agree", "--models", f"a={files}/model", "--test", f"{files}/test.spacy",
                     "--output", str(out)])
     assert json.loads(out.read_text()) == {"a": {"docs": 3}}
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("bench_structured", ["--repeats", "0"], "--repeats: must be at least 1, got 0"),
+    ("bench_structured", ["--lengths", "16", "0"], "--lengths: must be at least 1, got 0"),
+    ("bench_constraints", ["--batches", "0"], "--batches: must be at least 1, got 0"),
+    ("bench_constraints", ["--sentence", "0"], "--sentence: must be at least 1, got 0"),
+    ("bench_constraints", ["--model", "{tmp}/none", "--data", "{tmp}/test.spacy"],
+     "--model {tmp}/none is not a pipeline directory"),
+    ("bench_constraints", ["--model", "{tmp}/model", "--data", "{tmp}/none.spacy"],
+     "--data: no such file: {tmp}/none.spacy"),
+    ("bench_long_docs", ["{tmp}/model", "--sizes", "-5"], "--sizes: must be at least 1, got -5"),
+    ("bench_long_docs", ["{tmp}/none"], "model {tmp}/none is not a pipeline directory"),
+    ("bench_long_docs", ["{tmp}/model", "--test", "{tmp}/none.spacy"], "no such file"),
+    ("scale", ["{tmp}/model", "--batch-size", "0"], "--batch-size: must be at least 1, got 0"),
+    ("scale", ["{tmp}/model", "--copies", "0"], "--copies: must be at least 1, got 0"),
+    ("scale", ["{tmp}/model", "--repeats", "0"], "--repeats: must be at least 1, got 0"),
+    ("scale", ["{tmp}/none"], "model {tmp}/none is not a pipeline directory"),
+    ("scale", ["{tmp}/model", "--test", "{tmp}/none.spacy"], "--test: no such file"),
+])
+def test_counts_below_one_and_missing_files_are_refused(files, capsys, monkeypatch, script, args,
+                                                       message):
+    """Before: --repeats or --batches 0 failed with a traceback after the warm-up runs, a
+    --sizes of -5 reported an empty document as '-5 tokens', scale's --batch-size 0 (nlp.pipe
+    then yields no document) and --copies 0 left no text to annotate, and a missing pipeline or
+    corpus was a traceback."""
+    module = load(script)
+    argv = [a.format(tmp=files) for a in args]
+    if script.startswith("bench_") and script != "bench_long_docs":
+        argv += ["--output", f"{files}/out/result.json"]
+    monkeypatch.setattr(sys, "argv", [script] + argv)
+    main = module.parse_args if script == "scale" else module.main
+    assert message.format(tmp=files) in refused(lambda _: main(), None, capsys)
+    assert not (files / "out").exists()
