@@ -3,7 +3,7 @@ a missing pipeline or file, is argparse's one-line usage error (exit status 2), 
 a silent wrong result later."""
 import argparse
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 
 def count(text: str) -> int:
@@ -14,12 +14,21 @@ def count(text: str) -> int:
     return value
 
 
-def seconds(text: str) -> float:
-    """A duration above 0 seconds (0 would read as no limit, a negative one as over at once)."""
-    value = float(text)
-    if not value > 0:  # (NaN too)
-        raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {text}")
-    return value
+def duration(unit: str) -> Callable[[str], float]:
+    """The argparse type of a duration above 0 ``unit`` (0 would read as no limit, a negative
+    one as over at once)."""
+
+    def parse(text: str) -> float:
+        value = float(text)  # not a number: argparse's "invalid <unit> value"
+        if not value > 0:  # (NaN too)
+            raise argparse.ArgumentTypeError(f"must be above 0 {unit}, got {text}")
+        return value
+
+    parse.__name__ = unit
+    return parse
+
+
+seconds = duration("seconds")
 
 
 # Checks of paths, called after parse_args: the documented commands name files that only a

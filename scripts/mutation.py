@@ -43,7 +43,7 @@ from typing import Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from arguments import count  # noqa: E402
+from arguments import count, duration  # noqa: E402
 
 EQUIVALENT_FILE = ROOT / "scripts" / "mutation_equivalent.json"
 
@@ -623,14 +623,6 @@ def fraction(text: str) -> float:
     return value
 
 
-def minutes(text: str) -> float:
-    """A time limit above 0 minutes (0 or below stopped every group before its first mutant)."""
-    value = float(text)
-    if not value > 0:  # (NaN too)
-        raise argparse.ArgumentTypeError(f"must be above 0 minutes, got {text}")
-    return value
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", type=Path, default=Path("docs/mutation.md"))
@@ -643,7 +635,7 @@ def main(argv=None) -> None:
                    help="mutate the committed tree (default) or the working tree as it is")
     p.add_argument("--report-only", action="store_true", help="report the runs in --workdir again")
     p.add_argument("--nice", type=int, default=15, help="niceness of the run (shared machines)")
-    p.add_argument("--minutes", type=minutes, default=None,
+    p.add_argument("--minutes", type=duration("minutes"), default=None,
                    help="stop each group after this long and report what ran")
     p.add_argument("--sample", type=fraction, default=None,
                    help="run this fraction of each module's mutants (a fixed random draw)")
