@@ -12,8 +12,9 @@ with the bytes of its ``attrs["scores"]`` and its ``attrs["path_probability"]``:
 of the prediction path must leave all of them bit for bit the same. A second pass with a
 ``filter_margin`` (``--margin``) and a candidates key also records the candidates: a wider
 filter keeps overlapping nodes, so that the marginals, the path probabilities below 1 and the
-solvers of larger clusters are checked too. ``--compare`` exits with
-status 1 and names the first differences when they are not.
+solvers of larger clusters are checked too (the other heads have no filter: their second pass
+only adds the candidates). ``--compare`` exits with status 1 and names the first differences
+when they are not.
 """
 import argparse
 import pickle
@@ -60,6 +61,12 @@ def doc_length(text: str) -> int:
     return value
 
 
+def described(setting: Tuple[int, int, float, bool]) -> str:
+    length, batch_size, margin, candidates = setting
+    return f"length {length} batch {batch_size} margin {margin}" + (
+        " with candidates" if candidates else "")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -90,14 +97,19 @@ def main(argv=None) -> None:
     if not test:  # nothing predicted would compare as identical
         parser.error(f"--test {args.test} has no document")
     check_lengths(parser, test, args.lengths)
-    results: Dict[Tuple[int, int, float], List[Record]] = {}
-    for margin, candidates in ((0.0, None), (args.margin, "check_candidates")):
+    # (length, batch size, margin, whether the candidates are recorded): a margin of 0 in the
+    # second pass must not write over the first pass's records
+    results: Dict[Tuple[int, int, float, bool], List[Record]] = {}
+    # only the filtered head has a filter to widen; the others' second pass adds the candidates
+    margin = args.margin if ner.model.attrs.get("arch") == "FilteredSemiCRF" else 0.0
+    for margin, candidates in ((0.0, None), (margin, "check_candidates")):
         ner.filter_margin, ner.candidates_key = margin, candidates
         for length in args.lengths:
             # 0: the test documents as they are, of mixed lengths, so that batches are padded
             docs = [d.copy() for d in test] if length == 0 else cut_docs(nlp, test, length, args.tokens)
             for batch_size in args.batch_sizes:
-                results[length, batch_size, margin] = record(nlp, docs, batch_size, key, candidates)
+                setting = (length, batch_size, margin, candidates is not None)
+                results[setting] = record(nlp, docs, batch_size, key, candidates)
     n_docs = sum(len(r) for r in results.values())
     n_ents = sum(len(rec[1]) for r in results.values() for rec in r)
     path_below_1 = sum(rec[3] < 1 for r in results.values() for rec in r)
@@ -110,14 +122,14 @@ def main(argv=None) -> None:
     bad = 0
     for setting, recs in results.items():
         if setting not in expected:
-            print(f"length {setting[0]} batch {setting[1]} margin {setting[2]}: not in {args.compare}")
+            print(f"{described(setting)}: not in {args.compare}")
             bad += 1
             continue
         for i, (got, want) in enumerate(zip(recs, expected[setting])):
             if got != want:
                 bad += 1
                 if bad <= 10:
-                    print(f"length {setting[0]} batch {setting[1]} margin {setting[2]} doc {i}:\n"
+                    print(f"{described(setting)} doc {i}:\n"
                           f"  got  {got}\n  want {want}")
     if bad:
         print(f"{bad} documents differ")

@@ -106,6 +106,30 @@ def test_check_predictions_refuses_bad_arguments(files, capsys, args, message):
     assert not (files / "p.pkl").exists()
 
 
+@pytest.mark.parametrize("arch", ["LinearCRF", "SemiCRF"])
+def test_check_predictions_checks_the_heads_without_a_filter(tmp_path, capsys, arch):
+    """The second pass set the default --margin on every head, which only the filtered head
+    takes: the other heads stopped with the component's ValueError before saving anything; and
+    with a margin of 0 the second pass's records replaced the first's."""
+    from .conftest import make_examples, model_config, train_pipeline
+
+    check_predictions = load("check_predictions")
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": model_config(f"spacy-fsemicrf.{arch}.v1")})
+    examples = make_examples(nlp)
+    train_pipeline(nlp, examples, n_iter=3)
+    nlp.to_disk(tmp_path / "model")
+    DocBin(docs=[eg.reference for eg in examples]).to_disk(tmp_path / "test.spacy")
+    argv = ["--model", f"{tmp_path}/model", "--test", f"{tmp_path}/test.spacy", "--lengths", "0",
+            "5", "--batch-sizes", "1", "3", "--tokens", "20"]
+    check_predictions.main(argv + ["--save", f"{tmp_path}/p.pkl"])
+    check_predictions.main(argv + ["--compare", f"{tmp_path}/p.pkl"])
+    out = capsys.readouterr().out
+    # two passes of 8 test documents and 4 cut ones, at two batch sizes: the second pass with
+    # the candidates (and margin 0 here) was saved over the first
+    assert "saved 48 documents" in out and "identical: 48 documents" in out
+
+
 @pytest.mark.parametrize("args, message", [
     (["--rounds", "2"], "--rounds: must be at least 3 (the first two are dropped), got 2"),
     (["--settings", "10x0"], "--settings: must be at least 1, got 0"),
