@@ -191,6 +191,9 @@ def model_mode(args) -> dict:
         raise SystemExit(f"{args.component} has no 'constraints' setting or 'nbest' method yet")
     gold = list(DocBin().from_disk(args.data).get_docs(nlp.vocab))
     words = sum(len(doc) for doc in gold)
+    if len(pipe.labels) < 4:  # (the rules name four labels)
+        raise SystemExit(f"{args.model}: the benchmark's rules need 4 entity labels, "
+                         f"{args.component} has {len(pipe.labels)}")
     rules = rule_sets(list(pipe.labels))
 
     def fresh():

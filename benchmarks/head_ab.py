@@ -47,11 +47,21 @@ Slot = Tuple[Any, str]  # (module or class, attribute)
 _NAMESPACES: Dict[str, Dict[str, Any]] = {}
 
 
+def reference_source(revision: str, path: str) -> str:
+    """The file ``path`` at ``revision``; a ``ValueError`` with git's message if it has none."""
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{path}"],
+                           capture_output=True, text=True)
+    if shown.returncode:
+        raise ValueError(shown.stderr.strip().splitlines()[-1] if shown.stderr.strip()
+                         else f"git show {revision}:{path} failed")
+    return shown.stdout
+
+
 def reference_function(revision: str, spec: str) -> Tuple[List[Slot], Any]:
     """The slots that hold the function ``spec`` (``FILE:QUALNAME``) in the working tree, and
     its source at ``revision`` compiled in the working tree's module namespace."""
     path, qualname = spec.split(":")
-    source = subprocess.check_output(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], text=True)
+    source = reference_source(revision, path)
     module = __import__(path[:-3].replace("/", "."), fromlist=["_"])
     node: Any = ast.parse(source)
     for name in qualname.split("."):
@@ -139,6 +149,14 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     check_pipeline(parser, "--model", args.model)
     check_file(parser, "--test", args.test)
+    for spec in args.swap:  # before the pipeline loads: a bad revision or path is one line
+        path, sep, qualname = spec.partition(":")
+        if not sep or not qualname:
+            parser.error(f"--swap takes FILE:QUALNAME, got {spec!r}")
+        try:
+            reference_source(args.reference, path)
+        except ValueError as err:
+            parser.error(f"--reference {args.reference}, --swap {spec}: {err}")
     torch.set_num_threads(1)
     import spacy
     from spacy.tokens import DocBin

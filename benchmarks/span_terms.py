@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import statistics
 import time
+from pathlib import Path
 from typing import Callable, Dict, List
 
 import torch
@@ -48,6 +49,8 @@ def main() -> None:
     parser.add_argument("--reference", default=None, help="another version's spans.py")
     parser.add_argument("--tokens", type=int, default=2_000_000, help="tokens timed per setting")
     args = parser.parse_args()
+    if args.reference and not Path(args.reference).is_file():
+        parser.error(f"--reference: no such file: {args.reference}")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     versions = {"package": spans}

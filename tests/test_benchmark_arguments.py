@@ -3,6 +3,7 @@ check_predictions.py, head_ab.py, cores.py, gpu_check.py): bad arguments are arg
 error, exit status 2, before any pipeline loads; documents cut to a length are that long."""
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +25,11 @@ def load(name: str):
 
 
 profile_predict = load("profile_predict")
+
+# head_ab reads its reference functions from git: these cases need the checkout's history
+NEEDS_GIT = pytest.mark.skipif(
+    subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode
+    != 0, reason="not a git checkout")
 
 
 @pytest.fixture
@@ -136,10 +142,17 @@ def test_check_predictions_checks_the_heads_without_a_filter(tmp_path, capsys, a
     (["--settings", "10"], "--settings: takes LENGTHxBATCH, got '10'"),
     (["--model", "{tmp}/none"], "--model {tmp}/none is not a pipeline directory"),
     (["--test", "{tmp}/none.spacy"], "--test: no such file: {tmp}/none.spacy"),
+    pytest.param(["--reference", "no-such-revision"], "invalid object name 'no-such-revision'",
+                 marks=NEEDS_GIT),
+    pytest.param(["--swap", "spacy_fsemicrf/none.py:f"],
+                 "path 'spacy_fsemicrf/none.py' does not exist", marks=NEEDS_GIT),
+    (["--swap", "spacy_fsemicrf/component.py"], "--swap takes FILE:QUALNAME"),
 ])
 def test_head_ab_refuses_bad_arguments(files, capsys, args, message):
     """Before: --rounds 2 failed with a traceback once every round of the first setting ran
-    (no round left after the two dropped), a batch of 0 in range()."""
+    (no round left after the two dropped), a batch of 0 in range(); a revision or a swapped
+    file that git does not know, and a --swap without its function, were tracebacks once the
+    pipeline had loaded."""
     head_ab = load("head_ab")
     argv = ["--model", f"{files}/model", "--test", f"{files}/test.spacy", "--reference", "HEAD",
             "--swap", "spacy_fsemicrf/component.py:FSemiCRFEntityRecognizer.set_annotations"]
@@ -218,3 +231,24 @@ def test_counts_below_one_and_missing_files_are_refused(files, capsys, monkeypat
     main = module.parse_args if script == "scale" else module.main
     assert message.format(tmp=files) in refused(lambda _: main(), None, capsys)
     assert not (files / "out").exists()
+
+
+def test_span_terms_refuses_a_missing_reference(capsys, monkeypatch):
+    """Before: a FileNotFoundError traceback from importlib."""
+    span_terms = load("span_terms")
+    monkeypatch.setattr(sys, "argv", ["span_terms", "--reference", "/no/such/spans.py"])
+    assert "--reference: no such file" in refused(lambda _: span_terms.main(), None, capsys)
+
+
+def test_bench_constraints_names_a_pipeline_of_fewer_than_four_labels(trained_nlp, tmp_path,
+                                                                      monkeypatch):
+    """Its rules name four labels: a pipeline of three failed to unpack them (a traceback)."""
+    bench_constraints = load("bench_constraints")
+    trained_nlp.to_disk(tmp_path / "model")
+    DocBin(docs=[trained_nlp.make_doc("Anna flew to Rome .")]).to_disk(tmp_path / "test.spacy")
+    monkeypatch.setattr(sys, "argv", ["bench_constraints", "--model", f"{tmp_path}/model",
+                                      "--data", f"{tmp_path}/test.spacy", "--quick",
+                                      "--output", f"{tmp_path}/out/c.json"])
+    with pytest.raises(SystemExit, match="rules need 4 entity labels, fsemicrf_ner has 3"):
+        bench_constraints.main()
+    assert not (tmp_path / "out").exists()
