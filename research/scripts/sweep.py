@@ -75,6 +75,9 @@ def run_job(job: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
     train = [sys.executable, str(ROOT / "scripts" / "train.py"), job["config"], str(out),
              "--name", job["name"], "--paths.train", str(args.train), "--paths.dev", str(args.dev),
              *flags]
+    # a rerun that fails must not be reported with the figures of the run before it
+    for stale in ("train_summary.json", "test_metrics.json"):
+        (out / stale).unlink(missing_ok=True)
     with open(args.output / f"{job['name']}.stdout", "w") as log:
         rc = subprocess.call(train, stdout=log, stderr=subprocess.STDOUT, env=thread_env(), cwd=ROOT)
     model = out / "model-best"

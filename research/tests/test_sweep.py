@@ -51,6 +51,19 @@ def test_collect_groups_seeds_and_skips_unfinished_runs(tmp_path):
     assert "| x | 2 | 85.00 (7.07) | 72.00 (2.83) | 70.00, 74.00 | +22.00 |" in (tmp_path / "res.md").read_text()
 
 
+def test_a_failed_rerun_keeps_no_figure_of_the_run_before(tmp_path, monkeypatch):
+    """The training fails (status 1, no summary written): the earlier run's summary and test
+    metrics in the same folder were read as this run's."""
+    import argparse
+
+    _finished_run(tmp_path / "runs", "x@seed0", 0.80, 0.70)
+    monkeypatch.setattr(sweep.subprocess, "call", lambda *a, **k: 1)
+    args = argparse.Namespace(output=tmp_path / "runs", train=Path("t.spacy"),
+                              dev=Path("d.spacy"), test=Path("e.spacy"), no_test=False)
+    result = sweep.run_job({"name": "x@seed0", "config": "c.cfg", "overrides": {}}, args)
+    assert result["returncode"] == 1 and "dev" not in result and "test" not in result
+
+
 def test_earlier_runs_join_the_table_unless_rerun(tmp_path):
     jobs = tmp_path / "jobs.json"
     jobs.write_text(json.dumps([{"name": "x@seed0", "config": "c.cfg"}]))
