@@ -413,6 +413,17 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             if len(sample) < 10:
                 sample.append(eg.predicted)
         # Labels added before (add_label) come first, then `labels` or those of the examples.
+        if labels is None:
+            # the same rule as for labels given here or to add_label: a label of whitespace
+            # only taken from the examples would be refused on initializing again from the
+            # component's own label_data (spacy init labels)
+            blank = sorted(label for label in found if not label.strip())
+            if blank:
+                raise ValueError(
+                    f"[{self.name}] the initialization examples have gold entities with the "
+                    f"label {blank[0]!r}: every label must be a non-empty string, not whitespace "
+                    f"only. Fix the labels in the training data."
+                )
         extra = list(labels) if labels is not None else sorted(found)
         new_labels = list(dict.fromkeys(list(self.labels) + extra))
         # (Re-)initializing builds a fresh head, so the label set may change here.

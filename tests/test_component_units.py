@@ -191,6 +191,23 @@ def test_add_label_records_each_new_label_once():
         ner.add_label("")
 
 
+def test_a_whitespace_label_in_the_examples_is_refused_as_add_label_refuses_it():
+    """Labels read from the examples follow the rule of those given: a component initialized
+    with a label of whitespace only could not be initialized again from its own label_data."""
+    from spacy.tokens import Span
+
+    nlp, ner = _component()
+    doc = nlp.make_doc("Ana lives in Lisbon .")
+    ref = doc.copy()
+    ref.ents = [Span(ref, 0, 1, label=" "), Span(ref, 3, 4, label="LOC")]
+    examples = [Example(doc, ref)]
+    with pytest.raises(ValueError, match=r"^\[fsemicrf_ner\] the initialization examples have "
+                                         r"gold entities with the label ' ': every label"):
+        ner.initialize(lambda: examples, nlp=nlp)
+    with pytest.raises(ValueError, match="non-empty string"):
+        ner.initialize(lambda: examples, nlp=nlp, labels=[" ", "LOC"])
+
+
 def test_labels_that_are_not_a_list_of_strings_are_refused_with_the_reason():
     from spacy_fsemicrf.component import check_labels
 
