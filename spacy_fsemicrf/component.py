@@ -402,14 +402,20 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             n_examples += 1
             n_annotated += eg.reference.has_annotation("ENT_IOB")
             made_up = eg.reference.user_data.get(AUGMENTED, False)  # names an augmenter made
-            for ent in eg.reference.ents:
+            ents = eg.reference.ents
+            for ent in ents:
                 if not made_up:
                     seen.add(ent.text)
                 found.add(ent.label_)
                 n_ents += 1
-                if len(ent) > self.max_width:
-                    n_wide += 1
-                    widest = max(widest, len(ent))
+            if ents and self.span_head:
+                # widths in the tokens the head learns from (get_gold's): those of the
+                # predicted document, which the tokenizer may split finer than the corpus
+                # (Chinese characters against a corpus's words)
+                for ent in eg.get_aligned_spans_y2x(ents, allow_overlap=False):
+                    if len(ent) > self.max_width:
+                        n_wide += 1
+                        widest = max(widest, len(ent))
             if len(sample) < 10:
                 sample.append(eg.predicted)
         # Labels added before (add_label) come first, then `labels` or those of the examples.

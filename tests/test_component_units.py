@@ -59,6 +59,26 @@ def test_wide_entities_are_reported_at_each_new_power_of_ten(caplog):
     assert ner.n_wide_dropped == 100 and ner.widest_dropped == 20
 
 
+def test_initialize_measures_entity_widths_in_the_tokens_it_trains_on(caplog):
+    """A corpus segmented into words, a tokenizer that splits characters (Chinese): the width
+    that decides whether an entity is learnt is in the predicted document's tokens, and
+    initialize's report counts it so (not nothing, from the corpus's two words)."""
+    nlp = spacy.blank("zh")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(max_width=3)})
+    ref = Doc(nlp.vocab, words=["北京", "大学", "在", "海淀", "。"], spaces=[False] * 5,
+              ents=["B-ORG", "I-ORG", "O", "B-LOC", "O"])
+    example = Example(nlp.make_doc(ref.text), ref)
+    assert len(example.predicted) == 8  # a token a character
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: [example])
+    assert [r.getMessage() for r in caplog.records] == [
+        "fsemicrf_ner: 1 of 2 gold entities in the initialization examples are wider than "
+        "max_width=3 tokens and cannot be learned (they are left out of training). "
+        "max_width=4 would keep them all."]
+    ner.update([example])
+    assert ner.n_wide_dropped == 1  # what training leaves out
+
+
 def test_misaligned_entities_are_reported_at_each_new_power_of_ten(caplog):
     ner = spacy.blank("en").add_pipe("fsemicrf_ner")
     warned = []
