@@ -39,7 +39,9 @@ def thread_env(env=None):
               "VECLIB_MAXIMUM_THREADS", "TOKENIZERS_PARALLELISM"):
         env[k] = "false" if k == "TOKENIZERS_PARALLELISM" else "1"
     env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("HF_HUB_OFFLINE", "1")  # the transformer is a local directory
+    # nothing is downloaded: the transformer is a local directory or already in the Hugging
+    # Face cache (a caller who sets these variables decides otherwise)
+    env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     return env
 
