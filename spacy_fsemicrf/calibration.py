@@ -122,7 +122,12 @@ def fit_platt(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any]:
     n_pos, n_neg = int(y.sum()), int((~y).sum())
     targets = numpy.where(y, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
     slope, intercept = _logistic(x, targets)
-    if slope < 0:  # an anti-informative score: the map stays monotone (constant)
+    # raw confidences that do not vary (one entity, or all equal after clipping) tell no slope:
+    # every line through their one point fits as well, and Newton's steps from 0 took the one
+    # of slope intercept / logit, which sent raw confidences never seen towards 0 or 1 by the
+    # sign and size of that logit. Such data, like an anti-informative score, get a constant
+    flat = not x.size or x.min() == x.max()
+    if slope < 0 or flat:  # (the map stays monotone)
         slope, intercept = 0.0, _logistic(numpy.zeros_like(x), targets)[1]
     return {"method": "platt", "slope": slope, "intercept": intercept}
 

@@ -418,6 +418,23 @@ def test_the_maps_on_small_or_odd_data():
             check_calibration(bad)
 
 
+@pytest.mark.parametrize("value", [0.0, 0.3, 0.7, 1.0])
+def test_platt_on_raw_confidences_that_do_not_vary_is_constant(value):
+    """All held-out entities at one raw confidence (one entity; a saturated head) tell no
+    slope: the fit took one in proportion to the logit of that value, so 30 entities at 0.7,
+    21 right, scored a raw 1.0 at 0.999 and at 1.0 scored a raw 0.05 at 0.46."""
+    correct = numpy.arange(30) < 21
+    targets = numpy.where(correct, 22 / 23, 1 / 11)  # Platt's targets: the constant is their mean
+    grid = numpy.array([0.0, 0.05, 0.3, value, 0.99, 1.0])
+    for raw in (numpy.full(30, value), numpy.full(30, value, dtype="float32")):
+        fitted = fit_platt(raw, correct)
+        assert fitted["slope"] == 0.0
+        assert apply_calibration(fitted, grid).tolist() == pytest.approx([targets.mean()] * 6)
+        assert fit_calibration(raw, correct)["slope"] == 0.0
+    one = fit_platt(numpy.array([value]), numpy.array([True]))
+    assert one["slope"] == 0.0 and one["intercept"] == pytest.approx(math.log(2))
+
+
 def _novelty_outcomes(n: int = 20_000, seed: int = 0, same: bool = False):
     """Half the entities seen in training, right as often as their raw score says; the unseen
     ones right half as often (unless ``same``)."""
