@@ -351,8 +351,8 @@ def raw_outcomes(
     documents: each entity is aligned to the gold tokens; one that aligns to none, or covers a
     gold token without entity annotation, is neither right nor wrong and is left out (so is
     every entity of a document without entity annotation). Correct when its aligned span and
-    label are a gold entity, seen when its text is an entity's text in the component's training
-    data."""
+    label are a gold entity not found by an entity before it, seen when its text is an entity's
+    text in the component's training data."""
     pipe = nlp.get_pipe(component)
     before = nlp.pipe_names[: nlp.pipe_names.index(component)]
     labels = pipe.labels
@@ -375,7 +375,12 @@ def raw_outcomes(
             indices = x2y[i][start:end + 1]
             if len(indices) and not missing[i][indices[0]:indices[-1] + 1].any():
                 scored[row] = True
-                correct.append((int(indices[0]), int(indices[-1]), labels[label - 1]) in truth[i])
+                key = (int(indices[0]), int(indices[-1]), labels[label - 1])
+                correct.append(key in truth[i])
+                # as the scorer: a gold entity is found once, and another predicted entity
+                # that aligns to it too (the pipeline splits a token the corpus keeps whole:
+                # "500" and "mg" of "500mg") is wrong
+                truth[i].discard(key)
         raws.append(raw[scored])
         seen.append(seen_flags(docs, entities[scored], pipe.seen_entities))
     if not raws:

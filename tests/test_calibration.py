@@ -773,6 +773,30 @@ def test_the_fit_counts_the_entities_as_written_trimmed_of_whitespace(small_nlp,
     assert raw.size == correct.size == seen.size == 0
 
 
+def test_a_gold_entity_found_by_two_predicted_entities_counts_one_as_the_scorer_does(
+        small_nlp, tmp_path, monkeypatch):
+    """The pipeline splits "500mg", one gold token of a LOC, into "500" and "mg": a prediction
+    of each aligns to the gold entity. spaCy's scorer counts the first right and the second
+    wrong (precision 0.5); the fit counted both right."""
+    from spacy_fsemicrf.head_model import BatchPrediction
+
+    nlp = _copy(small_nlp, tmp_path)
+    ner = nlp.get_pipe("fsemicrf_ner")
+    loc = ner.labels.index("LOC") + 1
+    gold = Doc(nlp.vocab, words=["took", "500mg", "daily"])
+    gold.set_ents([Span(gold, 1, 2, "LOC")], default="outside")
+    example = _read(nlp, [gold])[0]
+    assert [t.text for t in example.predicted] == ["took", "500", "mg", "daily"]
+    decoded = BatchPrediction(numpy.array([[0, 1, 1, loc], [0, 2, 2, loc]]),
+                              numpy.array([0.9, 0.8], "float32"), numpy.ones(1, "float32"))
+    monkeypatch.setattr(ner, "predict", lambda docs: decoded)
+    raw, correct, _ = raw_outcomes(nlp, "fsemicrf_ner", [example])
+    assert raw.tolist() == pytest.approx([0.9, 0.8]) and correct.tolist() == [True, False]
+    predicted = example.predicted.copy()
+    predicted.ents = [Span(predicted, 1, 2, "LOC"), Span(predicted, 2, 3, "LOC")]
+    assert get_ner_prf([Example(predicted, gold)])["ents_p"] == correct.mean()
+
+
 def test_the_command_saves_nothing_without_entities_to_fit(small_nlp, tmp_path, capsys):
     """It crashed on a pipeline without a map, and on one with a map reported the old map's
     counts as a new fit and saved the pipeline again."""
