@@ -13,7 +13,8 @@ that label occur. Use it in a config:
 Tokens whose entity annotation is missing stay missing (and tokens annotated as outside any
 entity stay O), as in spaCy's own augmenters. An augmented example's reference doc carries
 ``user_data[AUGMENTED] = True``, so that the component does not count its made-up names among
-the entities seen in training.
+the entities seen in training, and ``user_data[ORIGINAL_ENTITIES]``, the texts of the entities of
+the example it was made from, which the component counts instead: they are real training names.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from spacy.training.iob_utils import doc_to_biluo_tags
 from spacy.util import registry
 
 AUGMENTED = "spacy_fsemicrf.augmented"
+ORIGINAL_ENTITIES = "spacy_fsemicrf.original_entities"
 
 
 @registry.augmenters("spacy-fsemicrf.entity_token_replacement.v1")
@@ -82,6 +84,11 @@ def create_entity_token_replacement(
         text = "".join(w + (" " if space else "") for w, space in zip(words, spaces))
         augmented = Example.from_dict(nlp.make_doc(text), data)
         augmented.reference.user_data[AUGMENTED] = True
+        # the example is replaced, not joined, by its variant: without these, the names of most
+        # training documents would never count as seen (an example already augmented keeps
+        # the names of the one it was made from)
+        augmented.reference.user_data[ORIGINAL_ENTITIES] = reference.user_data.get(
+            ORIGINAL_ENTITIES, [ent.text for ent in reference.ents])
         yield augmented
 
     return augment

@@ -33,7 +33,7 @@ from thinc.api import Config, Model, Optimizer, set_dropout_rate
 from . import architectures  # noqa: F401  (registers the architectures)
 from . import fork_safety
 from .architectures import ModelInput, model_is_initialized, model_nbest, model_torch_head
-from .augment import AUGMENTED
+from .augment import AUGMENTED, ORIGINAL_ENTITIES
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
 from .doc_constraints import (
     check_constraints, constraints_of_docs, doc_own_constraints, sentence_scope_unsegmented)
@@ -402,6 +402,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             n_examples += 1
             n_annotated += eg.reference.has_annotation("ENT_IOB")
             made_up = eg.reference.user_data.get(AUGMENTED, False)  # names an augmenter made
+            if made_up:  # those of the example it was made from are real
+                seen.update(eg.reference.user_data.get(ORIGINAL_ENTITIES, ()))
             ents = eg.reference.ents
             for ent in ents:
                 if not made_up:

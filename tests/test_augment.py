@@ -7,7 +7,8 @@ import spacy
 from spacy.tokens import DocBin
 from spacy.training import Corpus, Example
 
-from spacy_fsemicrf.augment import AUGMENTED, create_entity_token_replacement
+from spacy_fsemicrf.augment import (
+    AUGMENTED, ORIGINAL_ENTITIES, create_entity_token_replacement)
 from spacy_fsemicrf.calibration import entity_key
 
 TEXTS = [
@@ -110,8 +111,8 @@ def test_the_component_does_not_count_made_up_names_as_seen():
     train = [out for _ in range(2) for eg in examples(nlp) for out in augment(nlp, eg)]
     assert any(eg.reference.user_data.get(AUGMENTED) for eg in train)
     nlp.initialize(lambda: train)
-    real = {ent.text for eg in train if not eg.reference.user_data.get(AUGMENTED)
-            for ent in eg.reference.ents}
+    # the names of the training data, those of the augmented examples' originals included
+    real = {text[s:e] for text, ents in TEXTS for s, e, _ in ents}
     made_up = {ent.text for eg in train if eg.reference.user_data.get(AUGMENTED)
                for ent in eg.reference.ents} - real
     assert made_up
@@ -119,6 +120,28 @@ def test_the_component_does_not_count_made_up_names_as_seen():
     assert {entity_key(t) for t in real} <= seen
     assert not {entity_key(t) for t in made_up} & seen
     assert set(ner.labels) == {"LOC", "PER"}
+
+
+def test_the_names_of_augmented_training_documents_count_as_seen(tmp_path):
+    """In spacy train the augmenter's variants take the place of their examples in the stream
+    initialize reads: the real names of those examples are still seen in training."""
+    nlp = spacy.blank("en")
+    db = DocBin(docs=[eg.reference for eg in examples(nlp)])
+    db.to_disk(tmp_path / "train.spacy")
+    corpus = Corpus(tmp_path / "train.spacy", augmenter=create_entity_token_replacement(level=1.0))
+    ner = nlp.add_pipe("fsemicrf_ner")
+    random.seed(0)
+    for _ in range(2):  # the second pass has a full pool: every document with entities changes
+        train = list(corpus(nlp))
+    assert all(eg.reference.user_data.get(AUGMENTED) for eg in train if eg.reference.ents)
+    assert train[0].reference.user_data[ORIGINAL_ENTITIES] == ["John Smith", "Mary Jones", "Paris"]
+    nlp.initialize(lambda: train)
+    real = {text[s:e] for text, ents in TEXTS for s, e, _ in ents}
+    made_up = {ent.text for eg in train for ent in eg.reference.ents} - real
+    assert made_up
+    seen = set(ner.seen_entities.tolist())
+    assert {entity_key(t) for t in real} <= seen
+    assert not {entity_key(t) for t in made_up} & seen
 
 
 def test_it_runs_from_a_config_through_spacys_corpus(tmp_path):
