@@ -11,7 +11,8 @@ that label occur. Use it in a config:
     level = 0.3
 
 Tokens whose entity annotation is missing stay missing (and tokens annotated as outside any
-entity stay O), as in spaCy's own augmenters. An augmented example's reference doc carries
+entity stay O), as in spaCy's own augmenters. A replacing token brings its lemma (missing where
+its own document had none). An augmented example's reference doc carries
 ``user_data[AUGMENTED] = True``, so that the component does not count its made-up names among
 the entities seen in training, and ``user_data[ORIGINAL_ENTITIES]``, the texts of the entities of
 the example it was made from, which the component counts instead: they are real training names.
@@ -44,18 +45,18 @@ def create_entity_token_replacement(
         raise ValueError(f"level must be between 0 and 1, got {level!r}")
     if pool_size < 1:
         raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
-    pools: Dict[str, List[str]] = {}
+    pools: Dict[str, List[Tuple[str, str]]] = {}  # (text, lemma) of entity tokens, by label
     seen: Dict[str, int] = {}
 
-    def remember(label: str, text: str) -> None:
+    def remember(label: str, token: Tuple[str, str]) -> None:
         pool = pools.setdefault(label, [])
         seen[label] = seen.get(label, 0) + 1
         if len(pool) < pool_size:
-            pool.append(text)
+            pool.append(token)
         else:  # reservoir sampling: every token seen so far is in the pool equally likely
             at = random.randrange(seen[label])
             if at < pool_size:
-                pool[at] = text
+                pool[at] = token
 
     def augment(nlp: Language, example: Example) -> Iterator[Example]:
         if not level:  # a no-op, down to the random numbers it draws
@@ -65,13 +66,17 @@ def create_entity_token_replacement(
         entity_tokens = [(token.i, ent.label_) for ent in reference.ents for token in ent
                          if not token.is_space]
         for i, label in entity_tokens:
-            remember(label, reference[i].text)
+            remember(label, (reference[i].text, reference[i].lemma_))
         words = [token.text for token in reference]
+        lemmas = [token.lemma_ for token in reference]
         changed = False
         for i, label in entity_tokens:
             if random.random() < level:
-                words[i] = random.choice(pools[label])
-                changed = changed or words[i] != reference[i].text
+                word, lemma = random.choice(pools[label])
+                if word != reference[i].text:
+                    # the lemma of the token replaced would be a wrong lemma of the new one
+                    words[i], lemmas[i] = word, lemma
+                    changed = True
         if not changed:
             yield example
             return
@@ -80,6 +85,7 @@ def create_entity_token_replacement(
         data["doc_annotation"]["entities"] = _entity_tags(reference)
         spaces = data["token_annotation"]["SPACY"]
         data["token_annotation"]["ORTH"] = words
+        data["token_annotation"]["LEMMA"] = lemmas
         _move_char_offsets(data["doc_annotation"], reference, words, spaces)
         text = "".join(w + (" " if space else "") for w, space in zip(words, spaces))
         augmented = Example.from_dict(nlp.make_doc(text), data)

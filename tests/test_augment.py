@@ -4,7 +4,7 @@ import random
 
 import pytest
 import spacy
-from spacy.tokens import DocBin
+from spacy.tokens import Doc, DocBin
 from spacy.training import Corpus, Example
 
 from spacy_fsemicrf.augment import (
@@ -70,6 +70,28 @@ def test_level_zero_is_a_no_op_that_draws_no_random_numbers():
         (out,) = list(augment(nlp, eg))
         assert out is eg
     assert random.getstate() == state
+
+
+def test_a_replacing_token_brings_its_lemma():
+    nlp = spacy.blank("en")
+    augment = create_entity_token_replacement(level=1.0)
+    random.seed(0)
+    n_changed = 0
+    for eg in examples(nlp) * 3:
+        ref = eg.reference
+        ref_lemmas = Doc(nlp.vocab, words=[t.text for t in ref],
+                         spaces=[bool(t.whitespace_) for t in ref],
+                         lemmas=[t.text.lower() for t in ref],
+                         ents=[t.ent_iob_ + "-" + t.ent_type_ if t.ent_type_ else "O" for t in ref])
+        (out,) = list(augment(nlp, Example(eg.predicted, ref_lemmas)))
+        n_changed += out.reference.text != ref.text
+        assert [t.lemma_ for t in out.reference] == [t.text.lower() for t in out.reference]
+    assert n_changed > 2
+    # documents without lemmas give none to the tokens they lend
+    augment = create_entity_token_replacement(level=1.0)
+    out = [out for eg in examples(nlp) * 2 for out in augment(nlp, eg)]
+    assert any(eg.reference.user_data.get(AUGMENTED) for eg in out)
+    assert not any(eg.reference.has_annotation("LEMMA") for eg in out)
 
 
 def test_span_groups_keep_their_tokens():
