@@ -19,6 +19,7 @@ the example it was made from, which the component counts instead: they are real 
 """
 from __future__ import annotations
 
+import numbers
 import random
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
@@ -43,8 +44,9 @@ def create_entity_token_replacement(
     example."""
     if not 0.0 <= level <= 1.0:
         raise ValueError(f"level must be between 0 and 1, got {level!r}")
-    if pool_size < 1:
-        raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
+    # (NaN passed a plain `< 1` and left every pool empty: an IndexError at the first entity)
+    if not isinstance(pool_size, numbers.Integral) or pool_size < 1:
+        raise ValueError(f"pool_size must be a whole number of at least 1, got {pool_size!r}")
     pools: Dict[str, List[Tuple[str, str]]] = {}  # (text, lemma) of entity tokens, by label
     seen: Dict[str, int] = {}
 

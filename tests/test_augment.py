@@ -2,6 +2,7 @@
 component does not count its made-up names as seen in training."""
 import random
 
+import numpy
 import pytest
 import spacy
 from spacy.tokens import Doc, DocBin
@@ -198,7 +199,15 @@ def test_missing_entity_annotation_stays_missing():
     assert after.has_annotation("ENT_IOB")
 
 
-@pytest.mark.parametrize("kwargs", [{"level": -0.1}, {"level": 1.5}, {"pool_size": 0}])
+@pytest.mark.parametrize("kwargs", [{"level": -0.1}, {"level": 1.5}, {"level": float("nan")},
+                                    {"pool_size": 0}, {"pool_size": float("nan")},
+                                    {"pool_size": 2.5}])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         create_entity_token_replacement(**kwargs)
+
+
+def test_a_numpy_pool_size_is_taken():
+    nlp = spacy.blank("en")
+    augment = create_entity_token_replacement(level=1.0, pool_size=numpy.int64(2))
+    assert [out for eg in examples(nlp) for out in augment(nlp, eg)]
