@@ -12,10 +12,11 @@ that label occur. Use it in a config:
 
 Tokens whose entity annotation is missing stay missing (and tokens annotated as outside any
 entity stay O), as in spaCy's own augmenters. A replacing token brings its lemma (missing where
-its own document had none). An augmented example's reference doc carries
-``user_data[AUGMENTED] = True``, so that the component does not count its made-up names among
-the entities seen in training, and ``user_data[ORIGINAL_ENTITIES]``, the texts of the entities of
-the example it was made from, which the component counts instead: they are real training names.
+its own document had none); the tags, the parse and the sentence starts stay. An augmented
+example's reference doc carries ``user_data[AUGMENTED] = True``, so that the component does not
+count its made-up names among the entities seen in training, and
+``user_data[ORIGINAL_ENTITIES]``, the texts of the entities of the example it was made from,
+which the component counts instead: they are real training names.
 """
 from __future__ import annotations
 
@@ -91,6 +92,11 @@ def create_entity_token_replacement(
         _move_char_offsets(data["doc_annotation"], reference, words, spaces)
         text = "".join(w + (" " if space else "") for w, space in zip(words, spaces))
         augmented = Example.from_dict(nlp.make_doc(text), data)
+        if not reference.has_annotation("DEP"):
+            # from_dict takes the sentence starts from the heads, which to_dict writes even
+            # without a parse (each token its own head): those of the reference were dropped
+            for token, original in zip(augmented.reference, reference):
+                token.is_sent_start = original.is_sent_start
         augmented.reference.user_data[AUGMENTED] = True
         # the example is replaced, not joined, by its variant: without these, the names of most
         # training documents would never count as seen (an example already augmented keeps

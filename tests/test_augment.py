@@ -95,6 +95,24 @@ def test_a_replacing_token_brings_its_lemma():
     assert not any(eg.reference.has_annotation("LEMMA") for eg in out)
 
 
+@pytest.mark.parametrize("parsed", [False, True])
+def test_sentence_starts_are_kept(parsed):
+    nlp = spacy.blank("en")
+    augment = create_entity_token_replacement(level=1.0)
+    random.seed(0)
+    for eg in examples(nlp):  # fill the pool with other names first
+        list(augment(nlp, eg))
+    words = ["John", "Smith", "left", ".", "Paris", "slept", "."]
+    starts = [True, False, False, False, True, False, None]  # the last one unknown
+    extra = {"heads": [2, 2, 2, 2, 5, 5, 5], "deps": ["dep"] * 7} if parsed else {}
+    ref = Doc(nlp.vocab, words=words, ents=["B-PER", "I-PER", "O", "O", "B-LOC", "O", "O"],
+              sent_starts=None if parsed else starts, **extra)
+    (out,) = list(augment(nlp, Example(nlp.make_doc(ref.text), ref)))
+    assert out.reference.text != ref.text
+    assert [t.is_sent_start for t in out.reference] == [t.is_sent_start for t in ref]
+    assert [t.head.i for t in out.reference] == [t.head.i for t in ref]
+
+
 def test_span_groups_keep_their_tokens():
     nlp = spacy.blank("en")
     spans = {"sc": [(15, 25, "PER"), (29, 36, "X")]}  # "Mary Jones", "Paris ."
