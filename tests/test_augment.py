@@ -29,6 +29,16 @@ def examples(nlp, spans=None):
     return out
 
 
+def filled(nlp, egs, seed: int):
+    """An augmenter that replaces every entity token, its pools filled first with the names of
+    ``egs`` (the random module seeded with ``seed``)."""
+    augment = create_entity_token_replacement(level=1.0)
+    random.seed(seed)
+    for eg in egs:
+        list(augment(nlp, eg))
+    return augment
+
+
 def entity_tokens(example):
     return {t.i: ent.label_ for ent in example.reference.ents for t in ent}
 
@@ -98,10 +108,7 @@ def test_a_replacing_token_brings_its_lemma():
 @pytest.mark.parametrize("parsed", [False, True])
 def test_sentence_starts_are_kept(parsed):
     nlp = spacy.blank("en")
-    augment = create_entity_token_replacement(level=1.0)
-    random.seed(0)
-    for eg in examples(nlp):  # fill the pool with other names first
-        list(augment(nlp, eg))
+    augment = filled(nlp, examples(nlp), seed=0)
     words = ["John", "Smith", "left", ".", "Paris", "slept", "."]
     starts = [True, False, False, False, True, False, None]  # the last one unknown
     extra = {"heads": [2, 2, 2, 2, 5, 5, 5], "deps": ["dep"] * 7} if parsed else {}
@@ -116,10 +123,7 @@ def test_sentence_starts_are_kept(parsed):
 def test_span_groups_keep_their_tokens():
     nlp = spacy.blank("en")
     spans = {"sc": [(15, 25, "PER"), (29, 36, "X")]}  # "Mary Jones", "Paris ."
-    augment = create_entity_token_replacement(level=1.0)
-    random.seed(1)
-    for eg in examples(nlp, spans)[1:]:  # fill the pool with other names first
-        list(augment(nlp, eg))
+    augment = filled(nlp, examples(nlp, spans)[1:], seed=1)
     eg = examples(nlp, spans)[0]
     (out,) = list(augment(nlp, eg))
     assert out is not eg
@@ -131,10 +135,7 @@ def test_span_groups_keep_their_tokens():
 def test_entity_links_keep_their_tokens():
     """Links are given by character offsets, which the new token texts shift."""
     nlp = spacy.blank("en")
-    augment = create_entity_token_replacement(level=1.0)
-    random.seed(1)
-    for eg in examples(nlp)[1:]:  # fill the pool with other names first
-        list(augment(nlp, eg))
+    augment = filled(nlp, examples(nlp)[1:], seed=1)
     text, ents = TEXTS[0]
     links = {(15, 25): {"Q1": 1.0}, (29, 34): {"Q90": 1.0}}  # "Mary Jones", "Paris"
     eg = Example.from_dict(nlp.make_doc(text), {"entities": ents, "links": links})
@@ -201,10 +202,7 @@ def test_it_runs_from_a_config_through_spacys_corpus(tmp_path):
 
 def test_missing_entity_annotation_stays_missing():
     nlp = spacy.blank("en")
-    augment = create_entity_token_replacement(level=1.0)
-    random.seed(0)
-    for eg in examples(nlp):  # fill the pool with other names first
-        list(augment(nlp, eg))
+    augment = filled(nlp, examples(nlp), seed=0)
     # "-": no annotation; "O": annotated as outside any entity
     tags = ["B-PER", "L-PER", "O", "-", "-", "U-LOC", "-"]
     eg = Example.from_dict(nlp.make_doc("John Smith lives near Lake Geneva ."),

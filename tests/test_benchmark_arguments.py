@@ -11,6 +11,8 @@ import pytest
 import spacy
 from spacy.tokens import Doc, DocBin
 
+from .script_checks import refused, stand_in_files
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,23 +36,8 @@ NEEDS_GIT = pytest.mark.skipif(
 
 @pytest.fixture
 def files(tmp_path, monkeypatch):
-    """A directory with a config.cfg (a pipeline as far as the checks go), a test file of
-    three documents of four tokens, and spacy.load failing: nothing may load."""
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.cfg").write_text("")
-    vocab = spacy.blank("en").vocab
-    docs = [Doc(vocab, words=["a", "b", "c", "d"]) for _ in range(3)]
-    DocBin(docs=docs).to_disk(tmp_path / "test.spacy")
-    monkeypatch.setattr(spacy, "load", lambda *a, **k: pytest.fail("nothing loads"))
-    return tmp_path
-
-
-def refused(main, argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "Traceback" not in err
-    return err
+    """Stand-in pipeline and test files (:func:`stand_in_files`): nothing may load."""
+    return stand_in_files(tmp_path, monkeypatch)
 
 
 def test_documents_are_cut_to_their_length_or_refused():

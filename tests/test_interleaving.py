@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from .script_checks import refused, stand_in_files
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("interleaving",
                                               ROOT / "benchmarks" / "interleaving.py")
@@ -83,17 +85,9 @@ def test_bad_arguments_are_named_before_any_pipeline_loads(tmp_path, capsys, mon
                                                            message):
     """Before: a traceback, for --repeats 0 after the warm-up repeat; --docs 0 timed one
     document."""
-    import spacy
-
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.cfg").write_text("")
-    (tmp_path / "test.spacy").write_bytes(b"")
-    monkeypatch.setattr(spacy, "load", lambda *a, **k: pytest.fail("nothing loads"))
+    stand_in_files(tmp_path, monkeypatch)
     argv = ["--models", f"a={tmp_path}/model", "--test", f"{tmp_path}/test.spacy",
             "--output", f"{tmp_path}/out/interleaving"]
     argv += [a.format(tmp=tmp_path) for a in args]
-    with pytest.raises(SystemExit) as exit_info:
-        interleaving.main(argv)
-    assert exit_info.value.code == 2
-    assert message.format(tmp=tmp_path) in capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in refused(interleaving.main, argv, capsys)
     assert not (tmp_path / "out").exists()

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from .script_checks import refused
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("mutation", ROOT / "scripts" / "mutation.py")
 mutation = importlib.util.module_from_spec(_spec)
@@ -66,9 +68,7 @@ def test_options_that_would_waste_or_lose_a_run_are_refused(tmp_path, capsys, mo
     monkeypatch.setattr(mutation, "run_group", lambda *a, **k: pytest.fail("nothing runs"))
     argv = ["--workdir", str(tmp_path / "work"), "--output", str(tmp_path / "mutation.md")]
     argv += [a.format(tmp=tmp_path) for a in args]
-    with pytest.raises(SystemExit) as exit_info:
-        mutation.main(argv)
-    assert exit_info.value.code == 2 and message.format(tmp=tmp_path) in capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in refused(mutation.main, argv, capsys)
 
 
 def test_a_sample_that_draws_no_mutant_runs_none(tmp_path, monkeypatch):
