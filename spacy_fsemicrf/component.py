@@ -490,7 +490,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self._set_seen(ent.text for doc in docs for ent in doc.ents)
 
     def _set_seen(self, texts: Iterable[str]) -> None:
-        self.seen_entities = numpy.unique(numpy.fromiter(map(entity_key, texts), dtype="uint64"))
+        # stripped, as the entities written are (no whitespace token at either end): a gold
+        # entity "\n\nMary" is the name "Mary" the component writes, not an unseen one
+        keys = (entity_key(text.strip()) for text in texts if not text.isspace())
+        self.seen_entities = numpy.unique(numpy.fromiter(keys, dtype="uint64"))
 
     # Training ---------------------------------------------------------------------------------
 

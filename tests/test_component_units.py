@@ -228,6 +228,23 @@ def test_a_whitespace_label_in_the_examples_is_refused_as_add_label_refuses_it()
         ner.initialize(lambda: examples, nlp=nlp, labels=[" ", "LOC"])
 
 
+def test_gold_entities_with_whitespace_at_an_edge_count_as_seen_as_they_are_written():
+    """The component writes no entity that starts or ends on a whitespace token, so the name of
+    a gold entity "\\n Mary" is written "Mary": it was recorded as the text "\\n Mary", and the
+    written entity then counted as never seen in training (the by-novelty calibration)."""
+    from spacy_fsemicrf.calibration import entity_key, seen_flags
+
+    nlp, ner = _component()
+    ref = Doc(nlp.vocab, words=["\n", "Mary", "met", "Ann", " ", "."],
+              spaces=[False, True, True, False, False, False],
+              ents=["B-PER", "I-PER", "O", "B-PER", "I-PER", "O"])
+    ner.initialize(lambda: [Example(ref.copy(), ref)], nlp=nlp)
+    assert set(ner.seen_entities.tolist()) == {entity_key("Mary"), entity_key("Ann")}
+    doc = Doc(nlp.vocab, words=["Mary", "and", "Ann"])
+    rows = numpy.array([[0, 0, 0, 1], [0, 2, 2, 1]])
+    assert seen_flags([doc], rows, ner.seen_entities).tolist() == [True, True]
+
+
 def test_labels_that_are_not_a_list_of_strings_are_refused_with_the_reason():
     from spacy_fsemicrf.component import check_labels
 
