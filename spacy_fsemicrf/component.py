@@ -36,7 +36,8 @@ from .architectures import ModelInput, model_is_initialized, model_nbest, model_
 from .augment import AUGMENTED, ORIGINAL_ENTITIES
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
 from .doc_constraints import (
-    check_constraints, constraints_of_docs, doc_own_constraints, sentence_scope_unsegmented)
+    check_constraints, constraints_of_docs, doc_own_constraints, explain_occupied,
+    sentence_scope_unsegmented)
 from .scorer import ner_score
 from .structured.constrained import ConstraintReport, empty_document_report
 from .structured.constraints import (
@@ -672,7 +673,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         else:
             found = self.model.predict(
                 ModelInput(docs, filter_margin=self._filter_margin, options=options))
-        return found if constraints is None else found._replace(constraints=constraints)
+        if constraints is None:
+            return found
+        return found._replace(constraints=constraints,
+                              reports=explain_occupied(docs, found.reports, constraints))
 
     def set_annotations(self, docs: Iterable[Doc], prediction: BatchPrediction) -> None:
         """Write the output of :meth:`predict`: the entities scoring at least ``threshold``

@@ -11,11 +11,14 @@ warning: one bad document never stops a pipe.
 import logging
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
+import numpy
 from spacy.tokens import Doc
 
+from .structured.constrained import ConstraintReport
 from .structured.constraints import (
     Constraint,
     DocConstraints,
+    ForbidLabels,
     compile_constraints,
     parse_constraints,
 )
@@ -64,11 +67,53 @@ def constraints_of_docs(
         if not found:
             out.append(None)
             continue
+        occupied = occupied_runs(doc)
+        if occupied:
+            # the entities already on the doc and the blocked tokens keep predicted entities
+            # off their tokens (set_entities): the decoder must avoid them, or an entity the
+            # constraints need (a forced span, a count) would be left out of doc.ents unsaid
+            found = found + tuple(ForbidLabels(start=a, end=b) for a, b in occupied)
+            program = compile_constraints(found, labels)
         # entities are trimmed of whitespace after decoding: none may start on it, so that
         # the constraints count the entities written
         spaces = tuple(token.i for token in doc if token.is_space)
         out.append(DocConstraints(program, sentence_starts(doc), spaces))
     return out if any(c is not None for c in out) else None
+
+
+def occupied_runs(doc: Doc) -> List[Tuple[int, int]]:
+    """``(start, end)`` of the runs of tokens that an entity already on ``doc`` or a blocked
+    token takes (``Doc.set_ents(blocked=...)``), where no predicted entity is written."""
+    if not len(doc) or not doc.has_annotation("ENT_IOB"):
+        return []
+    iob = doc.to_array("ENT_IOB").astype("int64").reshape(-1)
+    padded = numpy.concatenate([[0], (iob == 1) | (iob == 3), [0]]).astype("int8")
+    edges = numpy.flatnonzero(numpy.diff(padded)).tolist()
+    return list(zip(edges[0::2], edges[1::2]))
+
+
+def explain_occupied(
+    docs: Sequence[Doc],
+    reports: Optional[List[Optional[ConstraintReport]]],
+    constraints: Optional[List[Optional[DocConstraints]]],
+) -> Optional[List[Optional[ConstraintReport]]]:
+    """``reports`` where an infeasible document's reason names a forced span on the tokens of
+    an entity already on it (or blocked ones) as one that ``forbid_labels`` forbids: the
+    ``forbid_labels`` that :func:`constraints_of_docs` added for them is not the user's."""
+    if reports is None or constraints is None:
+        return reports
+    out = list(reports)
+    for d, (doc, report, found) in enumerate(zip(docs, reports, constraints)):
+        if report is None or found is None or report.status != "infeasible":
+            continue
+        for a, b in occupied_runs(doc):
+            for f in found.program.forces:
+                where = f"force_span {f.start}..{f.end + 1} "
+                if f.start < b and f.end >= a and report.reason.startswith(where) and (
+                        "forbid_labels" in report.reason):
+                    out[d] = report._replace(reason=where + "overlaps an entity already on the "
+                                             "document or a blocked token")
+    return out
 
 
 def sentence_scope_unsegmented(

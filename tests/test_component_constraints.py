@@ -6,6 +6,7 @@ import logging
 import numpy
 import pytest
 import spacy
+from spacy.tokens import Span
 
 from spacy_fsemicrf.doc_constraints import USER_DATA_KEY
 from spacy_fsemicrf.structured.constraints import (  # noqa: F401
@@ -184,6 +185,30 @@ def test_an_infeasible_document_keeps_its_prediction_with_a_warning(trained, cap
     quoted = repr(long_text[:57] + "...")
     assert message.startswith(
         f"fsemicrf_ner: the constraints cannot all hold on the document {quoted}: force_span 0..2")
+
+
+def test_the_constrained_search_avoids_the_entities_already_on_the_doc(trained):
+    """Entities already on the doc (an entity_ruler's) and blocked tokens keep predicted ones
+    off their tokens: the constrained search avoids those tokens, so that doc.ents holds what
+    the constraints ask for, and a span forced on them is infeasible, with a reason."""
+    def preset(constraints):
+        doc = trained.make_doc(TWO_ORGS)
+        # "Apple" already an entity, "Google" blocked: neither can hold a predicted ORG
+        doc.set_ents([Span(doc, 6, 7, "PRODUCT")], blocked=[doc[4:5]])
+        doc.user_data[USER_DATA_KEY] = constraints
+        return trained(doc)
+
+    forced = preset([{"kind": "force_span", "start": 4, "end": 5, "label": "ORG"}])
+    report = forced.spans["fsemicrf"].attrs["constraints"]
+    assert report["status"] == "infeasible" and report["reason"] == (
+        "force_span 4..5 overlaps an entity already on the document or a blocked token")
+    assert ("Apple", "PRODUCT") in [(e.text, e.label_) for e in forced.ents]
+    counted = preset([{"kind": "at_least", "label": "ORG", "n": 1, "scope": "doc"}])
+    report = counted.spans["fsemicrf"].attrs["constraints"]
+    predicted = [(e.start, e.end, e.label_) for e in counted.ents if e.label_ != "PRODUCT"]
+    if report["status"] != "infeasible":  # (the filtered head may keep no other ORG node)
+        assert "ORG" in [label for _, _, label in predicted]
+        assert [(s.start, s.end, s.label_) for s in counted.spans["fsemicrf"]] == predicted
 
 
 def test_bad_constraints_fail_when_set():
