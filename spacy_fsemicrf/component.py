@@ -737,7 +737,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         trimmed of whitespace (:func:`trim_whitespace`: those of whitespace only are left out).
         ``prediction`` stays as it is, so that it can be read again."""
         entities, keep = trim_whitespace(
-            docs, prediction.spans, _decoded_forces(prediction.constraints))
+            docs, prediction.spans, _decoded_forces(prediction.constraints, prediction.reports))
         return (entities, prediction.scores) if keep is None else (
             entities[keep], prediction.scores[keep])
 
@@ -1000,12 +1000,17 @@ def _undecodable(parts: Dict[str, bytes]) -> Optional[str]:
 
 def _decoded_forces(
     constraints: Optional[List[Optional[DocConstraints]]],
+    reports: Optional[List[Optional[ConstraintReport]]] = None,
 ) -> Optional[Callable[[int], Set[Tuple[int, int]]]]:
     """The forced spans ``(start, end inclusive)`` of the document of each index, from the
-    constraints it was decoded under."""
+    constraints it was decoded under; none for an infeasible document, whose unconstrained
+    prediction holds no forced span (an entity there on the same tokens is the head's own, to
+    be trimmed)."""
     if constraints is None:
         return None
-    return lambda d: set() if constraints[d] is None else {
+    infeasible = {d for d, report in enumerate(reports or ())
+                  if report is not None and report.status == "infeasible"}
+    return lambda d: set() if constraints[d] is None or d in infeasible else {
         (f.start, f.end) for f in constraints[d].program.forces}
 
 

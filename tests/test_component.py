@@ -586,6 +586,29 @@ def test_a_forced_span_keeps_its_whitespace_edges(trained_nlp):
     assert [(e.start, e.end) for e in doc.ents] == [(3, 4)]
 
 
+def test_an_infeasible_forced_span_keeps_no_entity_from_being_trimmed(trained_nlp):
+    """An infeasible document keeps its unconstrained prediction, which holds no forced span:
+    an entity of it on the forced span's tokens is the head's own, trimmed of whitespace."""
+    from spacy_fsemicrf.doc_constraints import constraints_of_docs
+    from spacy_fsemicrf.head_model import BatchPrediction
+    from spacy_fsemicrf.structured.constrained import ConstraintReport
+
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    per = ner.labels.index("PER") + 1
+    doc = trained_nlp.make_doc("went to  Paris .")
+    doc.user_data["fsemicrf_constraints"] = [  # forced and forbidden: infeasible
+        {"kind": "force_span", "start": 2, "end": 4, "label": "LOC"},
+        {"kind": "forbid_labels", "labels": ["LOC"], "start": 3, "end": 4}]
+    under = constraints_of_docs([doc], (), ner.labels, ner.name)
+    report = ConstraintReport("infeasible", 1.0, 1.0, reason="force_span 2..4 has a label "
+                              "that forbid_labels forbids there")
+    prediction = BatchPrediction(numpy.array([[0, 2, 3, per]]), numpy.array([0.9], "float32"),
+                                 numpy.ones(1, dtype="float32"), reports=[report],
+                                 constraints=under)
+    ner.set_annotations([doc], prediction)
+    assert [(e.start, e.end, e.label_) for e in doc.ents] == [(3, 4, "PER")]
+
+
 def test_trim_whitespace_trims_each_edge_and_drops_whitespace_only_rows():
     """Every row is looked at (an untouched row before others does not end the pass), starts
     and ends are trimmed to the nearest token that is not whitespace, a row of whitespace only
