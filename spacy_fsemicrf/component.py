@@ -37,7 +37,7 @@ from .augment import AUGMENTED, ORIGINAL_ENTITIES
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
 from .doc_constraints import (
     check_constraints, constraints_of_docs, doc_own_constraints, explain_occupied,
-    sentence_scope_unsegmented)
+    sentence_scope_unsegmented, true_runs)
 from .scorer import ner_score
 from .structured.constrained import ConstraintReport, empty_document_report
 from .structured.constraints import (
@@ -1103,14 +1103,6 @@ def set_entities(doc: Doc, predicted: List[Span]) -> None:
     else:
         covered = numpy.zeros((n,), dtype=bool)
     missing = (iob == 0) & ~covered
-    outside = [doc[int(a) : int(b)] for a, b in _runs(missing)]
+    outside = [doc[int(a) : int(b)] for a, b in true_runs(missing)]
     doc.set_ents(predicted, outside=outside, default="unmodified")
 
-
-def _runs(mask: numpy.ndarray) -> List[Tuple[int, int]]:
-    """``(start, end)`` of the runs of True in a boolean vector."""
-    if not mask.any():
-        return []
-    padded = numpy.concatenate([[False], mask, [False]]).astype("int8")
-    edges = numpy.flatnonzero(numpy.diff(padded))
-    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))

@@ -87,9 +87,16 @@ def occupied_runs(doc: Doc) -> List[Tuple[int, int]]:
     if not len(doc) or not doc.has_annotation("ENT_IOB"):
         return []
     iob = doc.to_array("ENT_IOB").astype("int64").reshape(-1)
-    padded = numpy.concatenate([[0], (iob == 1) | (iob == 3), [0]]).astype("int8")
-    edges = numpy.flatnonzero(numpy.diff(padded)).tolist()
-    return list(zip(edges[0::2], edges[1::2]))
+    return true_runs((iob == 1) | (iob == 3))  # inside a preset entity, or blocked
+
+
+def true_runs(mask: numpy.ndarray) -> List[Tuple[int, int]]:
+    """``(start, end)`` of the runs of True in a boolean vector."""
+    if not mask.any():
+        return []
+    padded = numpy.concatenate([[False], mask, [False]]).astype("int8")
+    edges = numpy.flatnonzero(numpy.diff(padded))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
 
 
 def explain_occupied(
