@@ -298,8 +298,12 @@ def test_pipe_with_two_processes(trained_nlp):
 
 
 def test_displacy(trained_nlp):
-    html = displacy.render(trained_nlp("John Smith works for Google in Paris ."), style="ent")
+    doc = trained_nlp("John Smith works for Google in Paris .")
+    html = displacy.render(doc, style="ent")
     assert "Google" in html and "ORG" in html
+    # the span style reads spancat's key "sc" unless given ours (README, "spaCy's tools")
+    html = displacy.render(doc, style="span", options={"spans_key": "fsemicrf"})
+    assert "ORG" in html
 
 
 def test_filter_margin_from_the_config_and_at_run_time(trained_nlp, tmp_path):
