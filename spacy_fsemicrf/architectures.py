@@ -172,7 +172,8 @@ def build_linear_crf(
     BiLSTM of ``context_depth`` layers if above 0, and with ``word_pool`` the same-word pooling
     of the span heads; ``dropout``, ``mixed_precision`` and ``grad_scaler`` as in
     ``FilteredSemiCRF.v1``. Trains on and predicts entities of any width; ``max_width`` bounds
-    only the spans of its ``candidates_key`` group."""
+    only the spans its ``candidates_key`` group finds by marginal (the decoded entities are in
+    it at any width)."""
     kwargs = dict(max_width=max_width, hidden_width=hidden_width, scheme=scheme, dropout=dropout,
                   context_depth=context_depth, word_pool=word_pool)
     return build_structured_model("LinearCRF", tok2vec, kwargs, span_head=False,
