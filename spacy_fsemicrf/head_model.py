@@ -15,6 +15,7 @@ Nothing here picks a device: tensors go to the shim's device, which follows Thin
 (``--gpu-id 0`` gives CUDA) or the parameters of the loaded head.
 """
 import contextlib
+import inspect
 import logging
 from functools import partial
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -180,6 +181,13 @@ def make_head_model(
         scaler = grad_scaler
     else:
         settings = dict(grad_scaler or {})
+        # a misspelt setting would be a TypeError deep in the config's resolution, naming
+        # neither the setting's block nor the settings there are
+        known = list(inspect.signature(PyTorchGradScaler).parameters)
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise ValueError(f"grad_scaler: unknown setting {', '.join(map(repr, unknown))}; "
+                             f"Thinc's PyTorchGradScaler takes {', '.join(known)}")
         # "enabled" may switch the scaler off; it never scales without mixed precision
         enabled = bool(settings.pop("enabled", True)) and mixed_precision
         scaler = PyTorchGradScaler(enabled=enabled, **settings)

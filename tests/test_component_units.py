@@ -666,3 +666,16 @@ def test_update_with_sgd_false_takes_no_step():
     assert losses["fsemicrf_ner"] > 0
     after = list(model_torch_head(ner.model).parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("arch", ["spacy-fsemicrf.FilteredSemiCRF.v1", "spacy-fsemicrf.LinearCRF.v1"])
+def test_a_misspelt_grad_scaler_setting_is_named(arch):
+    """A setting of the model's ``grad_scaler`` block that Thinc's PyTorchGradScaler does not
+    take is a ValueError naming it and the settings there are (it was a bare TypeError from
+    inside the config's resolution); the known ones still build the component."""
+    with pytest.raises(ValueError, match=(
+            r"^grad_scaler: unknown setting 'init_scal'; Thinc's PyTorchGradScaler takes "
+            r"enabled, init_scale, backoff_factor, growth_factor, growth_interval$")):
+        _component(arch, grad_scaler={"init_scal": 256.0})
+    _, ner = _component(arch, grad_scaler={"init_scale": 256.0, "growth_interval": 10})
+    assert float(ner.model.get_ref("head").shims[0]._grad_scaler._scale) == 256.0
