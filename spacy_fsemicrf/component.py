@@ -240,8 +240,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         it) because its edges are not token edges of the document the pipeline predicts on."""
         self.seen_entities = numpy.zeros((0,), dtype="uint64")
         """Sorted hashes (:func:`.calibration.entity_key`) of the texts of the gold entities
-        given to :meth:`initialize`: a ``by_novelty`` calibration map scores the entities
-        whose text is among them apart from the others."""
+        given to :meth:`initialize` and :meth:`update` (an augmenter's made-up names left
+        out): a ``by_novelty`` calibration map scores the entities whose text is among them
+        apart from the others."""
         self.widest_dropped = 0
 
     def __reduce__(self) -> Tuple[Any, ...]:
@@ -402,13 +403,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         for eg in get_examples():
             n_examples += 1
             n_annotated += eg.reference.has_annotation("ENT_IOB")
-            made_up = eg.reference.user_data.get(AUGMENTED, False)  # names an augmenter made
-            if made_up:  # those of the example it was made from are real
-                seen.update(eg.reference.user_data.get(ORIGINAL_ENTITIES, ()))
+            seen.update(_gold_names(eg))
             ents = eg.reference.ents
             for ent in ents:
-                if not made_up:
-                    seen.add(ent.text)
                 found.add(ent.label_)
                 n_ents += 1
             if ents and self.span_head:
@@ -491,10 +488,18 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self._set_seen(ent.text for doc in docs for ent in doc.ents)
 
     def _set_seen(self, texts: Iterable[str]) -> None:
-        # stripped, as the entities written are (no whitespace token at either end): a gold
-        # entity "\n\nMary" is the name "Mary" the component writes, not an unseen one
-        keys = (entity_key(text.strip()) for text in texts if not text.isspace())
-        self.seen_entities = numpy.unique(numpy.fromiter(keys, dtype="uint64"))
+        self.seen_entities = numpy.unique(_seen_keys(texts))
+
+    def _add_seen(self, examples: List[Example]) -> None:
+        """Add the gold names of ``examples`` to :attr:`seen_entities`: a sourced component
+        trained further (never initialized again) learns names its first training lacked."""
+        keys = _seen_keys(name for eg in examples for name in _gold_names(eg))
+        known = self.seen_entities
+        if known.size:
+            at = numpy.minimum(numpy.searchsorted(known, keys), known.size - 1)
+            keys = keys[known[at] != keys]
+        if keys.size:
+            self.seen_entities = numpy.union1d(known, keys)
 
     # Training ---------------------------------------------------------------------------------
 
@@ -507,9 +512,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         losses: Optional[Dict[str, float]] = None,
     ) -> Dict[str, float]:
         """Learn from a batch of examples: the loss of the head on the gold entities of
-        ``example.reference.ents``, backpropagated into the tok2vec layer. The calibration map
-        is dropped: it was fitted on the weights this changes (the training callback fits a
-        new one at each save)."""
+        ``example.reference.ents``, backpropagated into the tok2vec layer. Their names join
+        :attr:`seen_entities`. The calibration map is dropped: it was fitted on the weights
+        this changes (the training callback fits a new one at each save)."""
         if losses is None:
             losses = {}
         losses.setdefault(self.name, 0.0)
@@ -520,6 +525,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             return losses
         docs = [eg.predicted for eg in examples]
         gold, mask = self.get_gold(examples)
+        self._add_seen(examples)
         if not any(len(doc) for doc, keep in zip(docs, mask) if keep):
             return losses
         set_dropout_rate(self.model, drop)
@@ -985,6 +991,22 @@ def _span_groups(
         group.attrs["scores"] = numpy.array(scores[a:b], dtype="float32")
         out.append((spans, group))
     return out
+
+
+def _gold_names(eg: Example) -> List[str]:
+    """The texts of the gold entities of ``eg`` that are real training names: those of the
+    example an augmenter made ``eg`` from, not the made-up ones it holds."""
+    if eg.reference.user_data.get(AUGMENTED, False):
+        return list(eg.reference.user_data.get(ORIGINAL_ENTITIES, ()))
+    return [ent.text for ent in eg.reference.ents]
+
+
+def _seen_keys(texts: Iterable[str]) -> numpy.ndarray:
+    """The :func:`entity_key` hashes of ``texts``, stripped as the entities written are (no
+    whitespace token at either end): a gold entity "\n\nMary" is the name "Mary" the component
+    writes, not an unseen one."""
+    keys = (entity_key(text.strip()) for text in texts if not text.isspace())
+    return numpy.fromiter(keys, dtype="uint64")
 
 
 def _undecodable(parts: Dict[str, bytes]) -> Optional[str]:

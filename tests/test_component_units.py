@@ -245,6 +245,29 @@ def test_gold_entities_with_whitespace_at_an_edge_count_as_seen_as_they_are_writ
     assert seen_flags([doc], rows, ner.seen_entities).tolist() == [True, True]
 
 
+def test_training_further_adds_the_new_gold_names_to_the_seen_entities():
+    """A sourced component is trained further without being initialized again: the names of
+    that training were never recorded, and the by-novelty calibration fitted at its save took
+    them for unseen. The names of an augmented example are those of its original."""
+    from spacy_fsemicrf.augment import AUGMENTED, ORIGINAL_ENTITIES
+    from spacy_fsemicrf.calibration import entity_key
+
+    nlp, examples = _initialized()
+    ner = nlp.get_pipe("fsemicrf_ner")
+    before = set(ner.seen_entities.tolist())
+    assert entity_key("Mary") in before
+    eg = Example.from_dict(nlp.make_doc("Zoe Quill joined Acme ."),
+                           {"entities": [(0, 9, "PER"), (17, 21, "ORG")]})
+    made = Example.from_dict(nlp.make_doc("Vex Orlo left ."), {"entities": [(0, 8, "PER")]})
+    made.reference.user_data[AUGMENTED] = True
+    made.reference.user_data[ORIGINAL_ENTITIES] = ["Ida Brun"]
+    nlp.update([eg, made], sgd=nlp.create_optimizer())
+    new = {entity_key(name) for name in ("Zoe Quill", "Acme", "Ida Brun")}
+    assert set(ner.seen_entities.tolist()) == before | new
+    assert entity_key("Vex Orlo") not in set(ner.seen_entities.tolist())
+    assert list(ner.seen_entities) == sorted(ner.seen_entities)  # (seen_flags searches it)
+
+
 def test_labels_that_are_not_a_list_of_strings_are_refused_with_the_reason():
     from spacy_fsemicrf.component import check_labels
 
