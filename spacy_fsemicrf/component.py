@@ -965,14 +965,15 @@ def _reached_a_power_of_ten(before: int, after: int) -> bool:
 def _listener_output_missing(doc: Doc, tok2vec: Model) -> bool:
     """Whether a listener in ``tok2vec`` would read zeros for ``doc``: in prediction it reads
     what the upstream component left on the doc (``doc.tensor`` for spaCy's tok2vec,
-    ``doc._.trf_data`` for spacy-transformers'), which a doc straight from the tokenizer lacks.
+    ``doc._.trf_data`` for spacy-transformers'), which a doc straight from the tokenizer lacks
+    and ``doc_cleaner`` drops (it sets ``doc.tensor`` to None).
     False for a tok2vec of the component's own. The listener node itself is looked for, not
     the name of ``tok2vec``: ``TransformerListener.v1`` wraps its listener in a chain, whose
     name (saved and restored with the weights) stays the same after ``replace_listeners``."""
     listeners = {node.name for node in tok2vec.walk() if node.name.endswith("listener")}
     if "transformer-listener" in listeners:
         return getattr(doc._, "trf_data", None) is None
-    return bool(listeners) and doc.tensor.size == 0
+    return bool(listeners) and (doc.tensor is None or doc.tensor.size == 0)
 
 
 def _span_groups(
