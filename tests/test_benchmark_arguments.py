@@ -220,6 +220,19 @@ def test_counts_below_one_and_missing_files_are_refused(files, capsys, monkeypat
     assert not (files / "out").exists()
 
 
+def test_worker_heap_times_a_fresh_process_without_the_default_test_file(tmp_path, monkeypatch):
+    """The child process that times nlp.pipe right after loading reads its texts from stdin.
+    Before: it checked the default --test, so a run given another --test from a directory
+    without corpus/test.spacy failed there (exit status 2)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as a script has it: scale.py
+    worker_heap = load("worker_heap")
+    spacy.blank("en").to_disk(tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    run = worker_heap.PipeRun(None, str(tmp_path / "model"), ["a b", "c"], 2, keep=True,
+                              fresh=True, n_process=1)
+    assert run() == [(), ()] and len(run.seconds) == 1
+
+
 def test_span_terms_refuses_a_missing_reference(capsys, monkeypatch):
     """Before: a FileNotFoundError traceback from importlib."""
     span_terms = load("span_terms")
