@@ -538,6 +538,48 @@ def test_span_marginals_are_clamped_whatever_the_rounding(monkeypatch):
     assert torch.allclose(p, (q * math.e).clamp_max(1.0), rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("scheme", ["BIO", "BILUO"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_an_impossible_inside_step_at_either_end_of_a_run(scheme, masked):
+    """One I-l emission of -inf, at each position in turn (the first or the last step of a
+    span's run of I tags, or one outside it): a span through it has probability 0, one next to
+    it the probability enumeration gives."""
+    gen = torch.Generator().manual_seed(7)
+    ts = tag_scheme(1, scheme)
+    L = 5 if masked or scheme == "BIO" else 4
+    lengths = torch.tensor([L])
+    base = torch.randn((1, L, ts.n_tags), generator=gen, dtype=DTYPE)
+    T = torch.randn((ts.n_tags + 1, ts.n_tags + 1), generator=gen, dtype=DTYPE)
+    allowed = ts.allowed if masked else None
+    spans = all_spans(lengths, 1)
+    i_tag = ts.names.index("I-1")
+    for t in range(L):
+        em = base.clone()
+        em[0, t, i_tag] = -math.inf
+        got = crf_span_marginals(em, T, lengths, spans, ts, allowed)
+        enum = crf_enumerate(em[0], T, L, allowed)
+        probs = crf_span_probabilities(enum, ts.names, scheme)
+        for k, row in enumerate(spans[:, 1:].tolist()):
+            assert got[k].item() == pytest.approx(probs.get(tuple(row), 0.0), abs=1e-9), (t, row)
+
+
+def test_tag_marginals_are_clamped_whatever_the_rounding(monkeypatch):
+    # as the span marginals: a log Z that comes out below the paths' scores (here by 1, so
+    # every marginal is e times too large) must still give probabilities of at most 1
+    forward = linear_crf._forward
+
+    def lower_log_z(*args):
+        alphas, log_z = forward(*args)
+        return alphas, log_z - 1.0
+
+    ts, lengths, em, T = random_problem(0, 2, 5, 2, "BIO")
+    q = crf_marginals(em, T, lengths, ts.allowed)
+    monkeypatch.setattr(linear_crf, "_forward", lower_log_z)
+    p = crf_marginals(em, T, lengths, ts.allowed)
+    assert (p == 1).any() and (p <= 1).all()
+    assert torch.allclose(p, (q * math.e).clamp_max(1.0), rtol=1e-9, atol=0)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_matches_cpu():
     ts, lengths, em, T = random_problem(3, 4, 6, 2, "BIO")
