@@ -8,7 +8,10 @@ import pytest
 import spacy
 from spacy.tokens import Span
 
-from spacy_fsemicrf.doc_constraints import USER_DATA_KEY
+from spacy_fsemicrf.doc_constraints import (
+    USER_DATA_KEY, constraints_of_docs, explain_occupied, occupied_runs)
+from spacy_fsemicrf.structured.constrained import ConstraintReport
+from spacy_fsemicrf.structured.itemgraphs import force_conflict
 from spacy_fsemicrf.structured.constraints import (  # noqa: F401
     MAX_STATES, parse_constraints, satisfies)
 
@@ -363,3 +366,101 @@ def test_the_constraints_of_a_pipe_call_stay_with_its_batches(trained):
     assert labels_of(first, "ORG") == [] and labels_of(tok2vec_docs[0], "ORG") == [
         "Google", "Apple"]
     assert labels_of(next(paused), "ORG") == []
+
+
+
+# ------------------------------------------------- entities already on the doc, unit by unit
+
+LABELS = ("ORG", "PER")
+_BLANK = spacy.blank("en")
+
+
+def _preset_doc(ents=(), blocked=(), n=8):
+    """A doc of ``n`` tokens with the entities ``(start, end, label)`` already on it and the
+    ``blocked`` token ranges ``(start, end)``; every other token annotated O."""
+    doc = _BLANK.make_doc(" ".join(f"w{i}" for i in range(n)))
+    doc.set_ents([Span(doc, s, e, label) for s, e, label in ents],
+                 blocked=[doc[s:e] for s, e in blocked], default="outside")
+    return doc
+
+
+def _decoded(doc, user):
+    """The constraints of ``doc`` with ``user``'s own, and the report of a decoder that finds
+    them infeasible, with its reason (the first forced span that cannot hold, and why)."""
+    doc.user_data[USER_DATA_KEY] = user
+    [found] = constraints_of_docs([doc], (), LABELS, "ner")
+    reason = force_conflict(found.program, len(doc), None)
+    return found, ConstraintReport("infeasible", 0.0, 0.0, reason=reason)
+
+
+@pytest.mark.parametrize("ents, blocked, runs", [
+    ((), (), []),
+    (((2, 4, "ORG"),), (), [(2, 4)]),
+    (((0, 1, "PER"), (1, 3, "ORG")), (), [(0, 3)]),  # touching entities: one run
+    (((6, 8, "ORG"),), ((3, 4),), [(3, 4), (6, 8)]),
+    ((), ((0, 2), (5, 6)), [(0, 2), (5, 6)]),
+])
+def test_the_tokens_of_preset_entities_and_blocked_tokens_are_forbidden(ents, blocked, runs):
+    """The runs of tokens an entity already on the doc or a blocked token takes; with
+    constraints, a span of any label forced on one of those tokens, and only there, is one
+    that forbid_labels forbids."""
+    assert occupied_runs(_preset_doc(ents, blocked)) == runs
+    taken = {t for a, b in runs for t in range(a, b)}
+    for t in range(8):
+        for label in LABELS:
+            force = [{"kind": "force_span", "start": t, "end": t + 1, "label": label}]
+            found, report = _decoded(_preset_doc(ents, blocked), force)
+            assert ("forbid_labels" in report.reason) == (t in taken), (t, label)
+    doc = _preset_doc(ents, blocked)
+    assert constraints_of_docs([doc], (), LABELS, "ner") is None  # no constraints: none added
+
+
+def test_occupied_runs_of_a_doc_without_entity_annotation():
+    nlp = spacy.blank("en")
+    assert occupied_runs(nlp.make_doc("a b c")) == []
+    assert occupied_runs(nlp.make_doc("")) == []
+
+
+def test_the_reason_names_the_preset_entity_only_for_a_span_forced_on_it():
+    """A forced span that overlaps an entity already on the doc (or a blocked token) is
+    infeasible because of that entity, not of a forbid_labels the user gave; a span forced
+    next to it, forbidden by the user's own forbid_labels, keeps the user's reason."""
+    occupied = "overlaps an entity already on the document or a blocked token"
+    doc = _preset_doc([(2, 3, "PER")])  # token 2 taken
+    for start, end, overlaps in [(1, 3, True), (2, 4, True), (2, 3, True), (0, 5, True),
+                                 (0, 2, False), (3, 5, False)]:
+        user = [{"kind": "force_span", "start": start, "end": end, "label": "ORG"},
+                {"kind": "forbid_labels", "labels": ["ORG"], "start": 0, "end": 8}]
+        found, report = _decoded(doc, user)
+        assert "forbid_labels" in report.reason
+        [out] = explain_occupied([doc], [report], [found])
+        expected = f"force_span {start}..{end} {occupied}" if overlaps else report.reason
+        assert out.reason == expected, (start, end)
+        assert out._replace(reason="") == report._replace(reason="")
+    # reasons of another kind stay, and so do the reports of documents that are not infeasible
+    last = _preset_doc([(7, 8, "PER")])
+    found, report = _decoded(last, [{"kind": "force_span", "start": 7, "end": 9, "label": "ORG"}])
+    assert report.reason == "force_span 7..9 ends past the document's 8 tokens"
+    assert explain_occupied([last], [report], [found]) == [report]
+    user = [{"kind": "force_span", "start": 2, "end": 3, "label": "ORG"}]
+    found, report = _decoded(doc, user)
+    for other in (report._replace(status="optimal"), report._replace(status="satisfied"), None):
+        assert explain_occupied([doc], [other], [found]) == [other]
+    assert explain_occupied([doc], [report], [None]) == [report]
+    assert explain_occupied([doc], None, [found]) is None
+    assert explain_occupied([doc], [report], None) == [report]
+    # the reason of a span forced past the first one that cannot hold is the first's
+    user = [{"kind": "force_span", "start": 0, "end": 1, "label": "ORG"},
+            {"kind": "forbid_labels", "labels": ["ORG"], "start": 0, "end": 1},
+            {"kind": "force_span", "start": 2, "end": 3, "label": "ORG"}]
+    found, report = _decoded(doc, user)
+    assert report.reason.startswith("force_span 0..1 ")
+    assert explain_occupied([doc], [report], [found]) == [report]
+    # each document by its own entities
+    free = _preset_doc()
+    user = [{"kind": "force_span", "start": 2, "end": 3, "label": "ORG"},
+            {"kind": "forbid_labels", "labels": ["ORG"], "start": 2, "end": 3}]
+    found_free, report_free = _decoded(free, user)
+    found, report = _decoded(_preset_doc([(2, 3, "PER")]), user)
+    out = explain_occupied([free, doc], [report_free, report], [found_free, found])
+    assert out[0] == report_free and out[1].reason == f"force_span 2..3 {occupied}"
