@@ -706,3 +706,81 @@ def test_a_misspelt_grad_scaler_setting_is_named(arch):
         _component(arch, grad_scaler={"init_scal": 256.0})
     _, ner = _component(arch, grad_scaler={"init_scale": 256.0, "growth_interval": 10})
     assert float(ner.model.get_ref("head").shims[0]._grad_scaler._scale) == 256.0
+
+
+def _example_of(nlp, words, ents, augmented_from=None):
+    """An example of ``words`` (no spaces) with the gold entities ``(start, end, label)``;
+    ``augmented_from``: marked as an augmenter's variant of an example with those names."""
+    from spacy_fsemicrf.augment import AUGMENTED, ORIGINAL_ENTITIES
+
+    tags = ["O"] * len(words)
+    for s, e, label in ents:
+        tags[s:e] = [f"B-{label}"] + [f"I-{label}"] * (e - s - 1)
+    ref = Doc(nlp.vocab, words=words, spaces=[False] * len(words), ents=tags)
+    if augmented_from is not None:
+        ref.user_data[AUGMENTED] = True
+        ref.user_data[ORIGINAL_ENTITIES] = augmented_from
+    return Example(Doc(nlp.vocab, words=words, spaces=[False] * len(words)), ref)
+
+
+def test_the_names_of_each_update_join_the_seen_entities():
+    """A component trained further after its initialization (a sourced one) counts the gold
+    names of its updates as seen, stripped of whitespace as the entities it writes are, and
+    an augmenter's made-up names never: those of the example it was made from instead."""
+    from spacy_fsemicrf.calibration import entity_key
+
+    nlp, ner = _component(dropout=0.0)
+    ner.add_label("PER")
+    nlp.initialize(lambda: [_example_of(nlp, ["a", "b"], [])])  # no entity: none seen yet
+    assert ner.seen_entities.size == 0
+
+    def seen():
+        return sorted(ner.seen_entities.tolist())
+
+    def expect(*names):
+        return sorted({entity_key(n) for n in names})
+
+    ner.update([_example_of(nlp, ["Ann", "met", "Bob"], [(0, 1, "PER"), (2, 3, "PER")])],
+               sgd=False)
+    assert seen() == expect("Ann", "Bob")
+    assert ner.seen_entities.tolist() == seen()  # kept sorted: the calibration searches it
+    names = sorted((f"N{i}" for i in range(50)), key=entity_key)
+    first, last = names[0], names[-1]
+    assert entity_key(first) < min(seen()) and entity_key(last) > max(seen())
+    ner.update([
+        # an entity starting on whitespace is the name the component writes; one of
+        # whitespace only is none
+        _example_of(nlp, ["\n\n", "Cy", "and", "\n"], [(0, 2, "PER"), (3, 4, "PER")]),
+        _example_of(nlp, ["Xq", "Zz", "ran"], [(0, 2, "PER")], augmented_from=["Dee Eve"]),
+        _example_of(nlp, [first], [(0, 1, "PER")]),  # its key before every one seen so far
+        _example_of(nlp, [last], [(0, 1, "PER")]),  # after them
+    ], sgd=False)
+    assert seen() == expect("Ann", "Bob", "Cy", "Dee Eve", first, last)
+    assert ner.seen_entities.tolist() == seen()
+    before = ner.seen_entities.copy()
+    ner.update([_example_of(nlp, ["Bob", "and", "Ann"], [(0, 1, "PER"), (2, 3, "PER")])],
+               sgd=False)  # nothing new
+    assert numpy.array_equal(ner.seen_entities, before)
+
+
+def test_an_infeasible_document_has_no_forced_spans_to_keep():
+    """The forced spans that trimming keeps whole are those of the documents decoded under
+    their constraints; an infeasible document's prediction is the unconstrained one, whose
+    entities on the forced tokens are the head's own."""
+    from spacy_fsemicrf.component import _decoded_forces
+    from spacy_fsemicrf.doc_constraints import constraints_of_docs
+    from spacy_fsemicrf.structured.constrained import ConstraintReport
+
+    nlp = spacy.blank("en")
+    docs = [nlp.make_doc("a b c d") for _ in range(4)]
+    force = [{"kind": "force_span", "start": 1, "end": 3, "label": "ORG"}]
+    for doc in docs[:3]:
+        doc.user_data[USER_DATA_KEY] = force
+    constraints = constraints_of_docs(docs, (), ("ORG",), "ner")
+    reports = [ConstraintReport("infeasible", 0.0, 0.0, reason="why"),
+               ConstraintReport("optimal", 0.0, 0.0), None, None]
+    forces = _decoded_forces(constraints, reports)
+    assert [forces(d) for d in range(4)] == [set(), {(1, 2)}, {(1, 2)}, set()]
+    without = _decoded_forces(constraints)  # no reports: every constrained document's
+    assert [without(d) for d in range(4)] == [{(1, 2)}, {(1, 2)}, {(1, 2)}, set()]
+    assert _decoded_forces(None, reports) is None
