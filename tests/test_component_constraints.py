@@ -464,3 +464,5 @@ def test_the_reason_names_the_preset_entity_only_for_a_span_forced_on_it():
     found, report = _decoded(_preset_doc([(2, 3, "PER")]), user)
     out = explain_occupied([free, doc], [report_free, report], [found_free, found])
     assert out[0] == report_free and out[1].reason == f"force_span 2..3 {occupied}"
+    out = explain_occupied([free, doc], [None, report], [None, found])  # one without any
+    assert out[0] is None and out[1].reason == f"force_span 2..3 {occupied}"
