@@ -447,6 +447,29 @@ def test_a_platt_map_scores_alike_before_and_after_saving():
         assert numpy.array_equal(apply_calibration(saved, grid), apply_calibration(fitted, grid))
 
 
+def test_a_platt_map_is_its_fit_to_the_9_decimals_its_json_keeps():
+    """The parameters are the maximum-likelihood fit rounded to 9 decimals, which srsly's
+    JSON keeps (so saving changes nothing), and no coarser."""
+    for seed in range(5):
+        rng = numpy.random.default_rng(seed)
+        raw = rng.random(500)
+        correct = rng.random(500) < raw ** rng.uniform(0.3, 3)
+        fitted = fit_platt(raw, correct)
+        saved = srsly.json_loads(srsly.json_dumps(fitted))
+        for key in ("slope", "intercept"):  # (srsly's JSON reads a decimal back to an ulp)
+            assert saved[key] == pytest.approx(fitted[key], rel=1e-15, abs=0)
+        # the unrounded fit, with Platt's targets (n+ + 1) / (n+ + 2) and 1 / (n- + 2)
+        n_pos, n_neg = int(correct.sum()), int((~correct).sum())
+        targets = numpy.where(correct, (n_pos + 1) / (n_pos + 2), 1 / (n_neg + 2))
+        p = numpy.clip(raw, calibration.EPS, 1 - calibration.EPS)
+        slope, intercept = calibration._logistic(numpy.log(p / (1 - p)), targets)
+        assert slope > 0
+        for key, exact in (("slope", slope), ("intercept", intercept)):
+            assert fitted[key] == round(fitted[key], 9)  # 9 decimals at most
+            assert abs(fitted[key] - exact) <= 5e-10 + 1e-15  # the nearest such
+        assert (fitted["slope"], fitted["intercept"]) != (slope, intercept)  # some digit cut
+
+
 def _novelty_outcomes(n: int = 20_000, seed: int = 0, same: bool = False):
     """Half the entities seen in training, right as often as their raw score says; the unseen
     ones right half as often (unless ``same``)."""
