@@ -470,6 +470,26 @@ def test_a_platt_map_is_its_fit_to_the_9_decimals_its_json_keeps():
         assert (fitted["slope"], fitted["intercept"]) != (slope, intercept)  # some digit cut
 
 
+def test_platt_reads_its_outcomes_as_booleans():
+    """0/1 integers (or any truthy values) are right and wrong as True and False are."""
+    rng = numpy.random.default_rng(3)
+    raw = rng.random(200)
+    correct = rng.random(200) < raw
+    expected = fit_platt(raw, correct)
+    assert expected["slope"] > 0
+    for other in (correct.astype("int64"), correct.astype("float32"), correct.tolist()):
+        assert fit_platt(raw, other) == expected
+
+
+def test_raw_outcomes_of_no_examples_are_empty_arrays_of_their_types():
+    """As those of documents with entities: float32 confidences, boolean outcomes and flags."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner")
+    raw, correct, seen = raw_outcomes(nlp, "fsemicrf_ner", [])
+    assert (raw.shape, correct.shape, seen.shape) == ((0,), (0,), (0,))
+    assert (raw.dtype, correct.dtype, seen.dtype) == (numpy.float32, numpy.bool_, numpy.bool_)
+
+
 def _novelty_outcomes(n: int = 20_000, seed: int = 0, same: bool = False):
     """Half the entities seen in training, right as often as their raw score says; the unseen
     ones right half as often (unless ``same``)."""
