@@ -11,9 +11,9 @@ from spacy.tokens import Span
 from spacy_fsemicrf.doc_constraints import (
     USER_DATA_KEY, constraints_of_docs, explain_occupied, occupied_runs)
 from spacy_fsemicrf.structured.constrained import ConstraintReport
-from spacy_fsemicrf.structured.itemgraphs import force_conflict
 from spacy_fsemicrf.structured.constraints import (  # noqa: F401
     MAX_STATES, parse_constraints, satisfies)
+from spacy_fsemicrf.structured.itemgraphs import force_conflict
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
     from .conftest import TRAIN_DATA, make_examples, model_config, train_pipeline
@@ -368,7 +368,6 @@ def test_the_constraints_of_a_pipe_call_stay_with_its_batches(trained):
     assert labels_of(next(paused), "ORG") == []
 
 
-
 # ------------------------------------------------- entities already on the doc, unit by unit
 
 LABELS = ("ORG", "PER")
@@ -409,7 +408,7 @@ def test_the_tokens_of_preset_entities_and_blocked_tokens_are_forbidden(ents, bl
     for t in range(8):
         for label in LABELS:
             force = [{"kind": "force_span", "start": t, "end": t + 1, "label": label}]
-            found, report = _decoded(_preset_doc(ents, blocked), force)
+            _, report = _decoded(_preset_doc(ents, blocked), force)
             assert ("forbid_labels" in report.reason) == (t in taken), (t, label)
     doc = _preset_doc(ents, blocked)
     assert constraints_of_docs([doc], (), LABELS, "ner") is None  # no constraints: none added
