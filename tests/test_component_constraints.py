@@ -109,7 +109,14 @@ def test_a_sentence_scope_on_a_document_without_sentences_warns_once(trained, ca
                              constraints=per_sentence))
     assert [len(labels_of(d, "ORG")) for d in docs] == [1, 1]  # one sentence
     warned = [r.getMessage() for r in caplog.records if "sentence boundaries" in r.getMessage()]
-    assert len(warned) == 1 and "scope 'sentence'" in warned[0]
+    assert warned == [
+        "fsemicrf_ner: a constraint with scope 'sentence' is applied to a document without "
+        "sentence boundaries, which then counts as one sentence: add a sentencizer, senter or "
+        "parser before the component, or use scope 'doc'"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):  # once: not at each call
+        ner(trained.make_doc(two), constraints=per_sentence)
+    assert not [r for r in caplog.records if "sentence boundaries" in r.getMessage()]
     caplog.clear()
     ner._warned_unsegmented = False
     split = trained.make_doc(two)
