@@ -129,8 +129,8 @@ def fit_platt(raw: numpy.ndarray, correct: numpy.ndarray) -> Dict[str, Any]:
     flat = not x.size or x.min() == x.max()
     if slope < 0 or flat:  # (the map stays monotone)
         slope, intercept = 0.0, _logistic(numpy.zeros_like(x), targets)[1]
-    # to the 9 decimals that the saved cfg (srsly's JSON) keeps: cut there on saving only, they
-    # moved 1 in 3,000 scores of the reloaded pipeline by a float32 step from the fitted one's
+    # to 9 decimals, which the saved cfg (srsly's JSON writes 10) gives back: cut there on
+    # saving only, they moved 1 in 3,000 scores of the reloaded pipeline by a float32 step
     slope, intercept = round(slope, 9), round(intercept, 9)
     return {"method": "platt", "slope": slope, "intercept": intercept}
 
