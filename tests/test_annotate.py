@@ -561,10 +561,14 @@ def test_a_lone_surrogate_fails_with_its_line(tmp_path, line):
                "it as a string"),
     ([1, -(2 ** 64)], "the 'id' holds an integer out of the 64-bit range"),
     (["\ud800"], "not valid Unicode"),
-], ids=["integer", "integer in a list", "lone surrogate in a list"])
+    (float("nan"), "the 'id' holds NaN or Infinity, which the output's JSON cannot: give it as "
+                   "a string"),
+    ({"k": [1, float("-inf")]}, "the 'id' holds NaN or Infinity"),
+], ids=["integer", "integer in a list", "lone surrogate in a list", "NaN", "nested -Infinity"])
 def test_an_id_the_output_cannot_store_fails_with_its_line(model_dir, tmp_path, doc_id,
                                                             message):
-    """Before, the shard's write failed with msgpack's error (a worker traceback, no line)."""
+    """Before, the shard's write failed with msgpack's error (a worker traceback, no line), and
+    a NaN id went into entities.jsonl as a bare NaN, which strict JSON readers refuse."""
     from spacy_fsemicrf.annotate.engine import annotate_shard
 
     (tmp_path / "in.jsonl").write_text(json.dumps({"id": 2 ** 64 - 1, "text": "Paris ."}) + "\n"

@@ -207,13 +207,18 @@ def _read_jsonl(shard: Shard, max_length: Optional[int] = None) -> Tuple[List[st
                     text.encode("utf8")
                     if isinstance(doc_id, str):
                         doc_id.encode("utf8")
-                    else:  # the shard stores it with msgpack, whose integers have 64 bits
+                    else:  # the shard stores it with msgpack, whose integers have 64 bits,
                         srsly.msgpack_dumps(doc_id)
+                        # and entities.jsonl in strict JSON (Python's json reads NaN too)
+                        json.dumps(doc_id, allow_nan=False)
                 except UnicodeEncodeError as err:
                     raise AnnotateError(f"{where}: not valid Unicode ({err})") from err
                 except OverflowError as err:
                     raise AnnotateError(f"{where}: the 'id' holds an integer out of the 64-bit "
                                         f"range the output can store: give it as a string") from err
+                except ValueError as err:
+                    raise AnnotateError(f"{where}: the 'id' holds NaN or Infinity, which the "
+                                        f"output's JSON cannot: give it as a string") from err
                 texts.append(text)
                 ids.append(doc_id)
     except OSError as err:
