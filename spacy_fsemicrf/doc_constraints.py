@@ -104,22 +104,24 @@ def explain_occupied(
     reports: Optional[List[Optional[ConstraintReport]]],
     constraints: Optional[List[Optional[DocConstraints]]],
 ) -> Optional[List[Optional[ConstraintReport]]]:
-    """``reports`` where an infeasible document's reason names a forced span on the tokens of
-    an entity already on it (or blocked ones) as one that ``forbid_labels`` forbids: the
-    ``forbid_labels`` that :func:`constraints_of_docs` added for them is not the user's."""
+    """``reports`` where an infeasible document has a forced span on the tokens of an entity
+    already on it (or blocked ones): its reason names that span (the first by start, end and
+    label) as overlapping them, whatever reason the decoder gave. Such a span can never hold,
+    and those tokens are the one cause the user's constraints do not show: the decoder sees
+    them as the ``forbid_labels`` :func:`constraints_of_docs` added, and may name another
+    cause first (another forced span, one past the end, the user's own ``forbid_labels``)."""
     if reports is None or constraints is None:
         return reports
     out = list(reports)
     for d, (doc, report, found) in enumerate(zip(docs, reports, constraints)):
         if report is None or found is None or report.status != "infeasible":
             continue
-        for a, b in occupied_runs(doc):
-            for f in found.program.forces:
-                where = f"force_span {f.start}..{f.end + 1} "
-                if f.start < b and f.end >= a and report.reason.startswith(where) and (
-                        "forbid_labels" in report.reason):
-                    out[d] = report._replace(reason=where + "overlaps an entity already on the "
-                                             "document or a blocked token")
+        runs = occupied_runs(doc)
+        hits = [f for f in found.program.forces if any(f.start < b and f.end >= a for a, b in runs)]
+        if hits:
+            f = min(hits)  # (start, end, label): the same span whatever order they were given in
+            out[d] = report._replace(reason=f"force_span {f.start}..{f.end + 1} overlaps an entity "
+                                            "already on the document or a blocked token")
     return out
 
 

@@ -213,6 +213,12 @@ def test_the_constrained_search_avoids_the_entities_already_on_the_doc(trained):
     assert report["status"] == "infeasible" and report["reason"] == (
         "force_span 4..5 overlaps an entity already on the document or a blocked token")
     assert ("Apple", "PRODUCT") in [(e.text, e.label_) for e in forced.ents]
+    # named even where the decoder finds an earlier span forbidden by the user's forbid_labels
+    both = preset([{"kind": "force_span", "start": 0, "end": 2, "label": "PER"},
+                   {"kind": "forbid_labels", "labels": ["PER"], "start": 0, "end": 1},
+                   {"kind": "force_span", "start": 4, "end": 5, "label": "ORG"}])
+    assert both.spans["fsemicrf"].attrs["constraints"]["reason"] == (
+        "force_span 4..5 overlaps an entity already on the document or a blocked token")
     counted = preset([{"kind": "at_least", "label": "ORG", "n": 1, "scope": "doc"}])
     report = counted.spans["fsemicrf"].attrs["constraints"]
     predicted = [(e.start, e.end, e.label_) for e in counted.ents if e.label_ != "PRODUCT"]
@@ -443,11 +449,12 @@ def test_the_reason_names_the_preset_entity_only_for_a_span_forced_on_it():
         expected = f"force_span {start}..{end} {occupied}" if overlaps else report.reason
         assert out.reason == expected, (start, end)
         assert out._replace(reason="") == report._replace(reason="")
-    # reasons of another kind stay, and so do the reports of documents that are not infeasible
-    last = _preset_doc([(7, 8, "PER")])
-    found, report = _decoded(last, [{"kind": "force_span", "start": 7, "end": 9, "label": "ORG"}])
+    # reasons of another kind stay where no forced span overlaps a preset entity, and so do
+    # the reports of documents that are not infeasible
+    first = _preset_doc([(0, 1, "PER")])
+    found, report = _decoded(first, [{"kind": "force_span", "start": 7, "end": 9, "label": "ORG"}])
     assert report.reason == "force_span 7..9 ends past the document's 8 tokens"
-    assert explain_occupied([last], [report], [found]) == [report]
+    assert explain_occupied([first], [report], [found]) == [report]
     user = [{"kind": "force_span", "start": 2, "end": 3, "label": "ORG"}]
     found, report = _decoded(doc, user)
     for other in (report._replace(status="optimal"), report._replace(status="satisfied"), None):
@@ -455,13 +462,6 @@ def test_the_reason_names_the_preset_entity_only_for_a_span_forced_on_it():
     assert explain_occupied([doc], [report], [None]) == [report]
     assert explain_occupied([doc], None, [found]) is None
     assert explain_occupied([doc], [report], None) == [report]
-    # the reason of a span forced past the first one that cannot hold is the first's
-    user = [{"kind": "force_span", "start": 0, "end": 1, "label": "ORG"},
-            {"kind": "forbid_labels", "labels": ["ORG"], "start": 0, "end": 1},
-            {"kind": "force_span", "start": 2, "end": 3, "label": "ORG"}]
-    found, report = _decoded(doc, user)
-    assert report.reason.startswith("force_span 0..1 ")
-    assert explain_occupied([doc], [report], [found]) == [report]
     # each document by its own entities
     free = _preset_doc()
     user = [{"kind": "force_span", "start": 2, "end": 3, "label": "ORG"},
@@ -472,3 +472,44 @@ def test_the_reason_names_the_preset_entity_only_for_a_span_forced_on_it():
     assert out[0] == report_free and out[1].reason == f"force_span 2..3 {occupied}"
     out = explain_occupied([free, doc], [None, report], [None, found])  # one without any
     assert out[0] is None and out[1].reason == f"force_span 2..3 {occupied}"
+
+
+@pytest.mark.parametrize("user, decoder, named", [
+    # the decoder names a span forced before it, forbidden by the user's own forbid_labels
+    ([{"kind": "force_span", "start": 0, "end": 1, "label": "ORG"},
+      {"kind": "forbid_labels", "labels": ["ORG"], "start": 0, "end": 1},
+      {"kind": "force_span", "start": 2, "end": 3, "label": "ORG"}], "0..1 has a label", "2..3"),
+    # ... or its overlap with another forced span
+    ([{"kind": "force_span", "start": 0, "end": 2, "label": "ORG"},
+      {"kind": "force_span", "start": 1, "end": 3, "label": "PER"}], "1..3 overlaps", "1..3"),
+    # ... or that it ends past the document
+    ([{"kind": "force_span", "start": 2, "end": 9, "label": "ORG"}], "2..9 ends past", "2..9"),
+    # ... or the user's own forbid_labels, which forbids it on the same tokens too
+    ([{"kind": "force_span", "start": 2, "end": 3, "label": "ORG"},
+      {"kind": "forbid_labels", "labels": ["ORG"], "start": 2, "end": 3}], "2..3 has a label",
+     "2..3"),
+])
+def test_a_span_forced_on_a_preset_entity_is_named_whatever_else_fails(user, decoder, named):
+    """A span forced on a preset entity's tokens never holds, and those tokens are not in the
+    user's constraints: the reason names it, whichever cause the decoder found first."""
+    doc = _preset_doc([(2, 3, "PER")])  # token 2 taken
+    found, report = _decoded(doc, user)
+    assert report.reason.startswith(f"force_span {decoder}")
+    [out] = explain_occupied([doc], [report], [found])
+    assert out == report._replace(
+        reason=f"force_span {named} overlaps an entity already on the document or a blocked token")
+
+
+def test_the_reason_names_the_first_span_forced_on_a_preset_entity_from_the_data():
+    """Which forced span the reason names depends on the spans and the preset entities only:
+    the first by start (then end, label) that overlaps one, whatever the decoder's text and
+    the order the constraints were given in."""
+    doc = _preset_doc([(2, 3, "PER")], blocked=[(5, 6)])
+    user = [{"kind": "force_span", "start": 5, "end": 7, "label": "ORG"},
+            {"kind": "force_span", "start": 0, "end": 1, "label": "PER"},
+            {"kind": "force_span", "start": 1, "end": 3, "label": "ORG"}]
+    found, report = _decoded(doc, user)
+    expected = "force_span 1..3 overlaps an entity already on the document or a blocked token"
+    for reason in (report.reason, "no segmentation obeys the count and pair constraints", ""):
+        [out] = explain_occupied([doc], [report._replace(reason=reason)], [found])
+        assert out.reason == expected, reason
