@@ -14,8 +14,10 @@ from spacy_fsemicrf.structured import filtered as filtered_module
 from spacy_fsemicrf.structured.compaction import _length_blocks, _small_clusters
 from spacy_fsemicrf.structured.compaction import compact as compact_list
 from spacy_fsemicrf.structured.filtered import (
+    NodeSet,
     _inside_documents,
     count_nodes,
+    decode_node_set,
     filtered_decode,
     filtered_log_partition,
     filtered_marginals,
@@ -668,6 +670,32 @@ def test_a_node_scored_minus_infinity_is_on_no_path_with_any_probability(seed, u
     assert got == pytest.approx(enum.marginals.tolist(), abs=1e-9)
     assert marginals[0, 0, 1].item() == 0.0 and not x.grad.isnan().any()
     assert [x.grad[0, i, w].item() for i, w in grid] == pytest.approx(got, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("use_t", [False, True])
+def test_a_node_set_node_at_minus_infinity_is_on_no_path_with_any_probability(seed, use_t):
+    """As on the grid: the node-set entry point gave NaN marginals (and a NaN log Z) for a node
+    scored -inf, on host clusters and on the scan alike."""
+    gen = torch.Generator().manual_seed(seed)
+    B, L, K, C = 1, 6, 3, 3
+    mask = torch.rand((B, L, K), generator=gen) < 0.6
+    mask &= span_mask(torch.tensor([L]), L, K)
+    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 0] = True  # (0..1) at -inf, overlapping others
+    scores = torch.randn((B, L, K), generator=gen, dtype=DTYPE)
+    scores[0, 0, 1] = -math.inf
+    labels = torch.randint(1, C, (B, L, K), generator=gen) * mask
+    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    index = mask.view(-1).nonzero().squeeze(1)
+    nodes = NodeSet(index, labels.view(-1)[index], scores.view(-1)[index], (B, L, K))
+    best, marginals = decode_node_set(nodes, T)
+    log_z = solve_node_set(nodes, T, "log_z").total
+    grid = [tuple(x) for x in mask[0].nonzero().tolist()]
+    enum = filtered_enumerate([(i, i + w, int(labels[0, i, w]), float(scores[0, i, w]))
+                               for i, w in grid], T)
+    assert marginals.tolist() == pytest.approx(enum.marginals.tolist(), abs=1e-9)
+    assert log_z.item() == pytest.approx(enum.log_z, abs=1e-9)
+    assert tuple(best.nonzero().squeeze(1).tolist()) in enum.best_paths
 
 
 def test_grids_that_do_not_fit_are_clear_errors():

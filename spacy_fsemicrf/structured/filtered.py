@@ -606,8 +606,11 @@ def solve_node_set(
 ) -> "_Solution":
     """Solve a :class:`NodeSet` without a grid: ``mode`` "log_z" (differentiable), "viterbi",
     "marginals" or "decode" (both). Returns ``(total [B], best [n], marginals [n])``, the total
-    being the best path's score when the best path is asked for, else log Z."""
-    return _solve(nodes.index, nodes.scores, nodes.labels, nodes.shape, transitions, mode)
+    being the best path's score when the best path is asked for, else log Z. A node scored
+    ``-inf`` is on no path with any probability, as in :func:`filtered_log_partition`."""
+    # as _solve_grid: -inf would make the solvers' differences of scores NaN
+    scores = nodes.scores.clamp_min(neg_value(nodes.scores.dtype))
+    return _solve(nodes.index, scores, nodes.labels, nodes.shape, transitions, mode)
 
 
 @torch.no_grad()
@@ -616,7 +619,8 @@ def decode_node_set(
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Decode a :class:`NodeSet` without a grid (what a pipeline does at prediction time):
     ``(best BoolTensor[n], marginals [n])``, whether each listed node is on the best path and
-    its marginal probability (None when ``marginals`` is False: Viterbi only)."""
+    its marginal probability (None when ``marginals`` is False: Viterbi only). A node scored
+    ``-inf`` is on no path with any probability (marginal 0), as on the grid."""
     if transitions is None and disjoint(nodes.index, nodes.shape):
         # the graph's one path holds every node, each a clique of its own: what the solve
         # gives (exactly 1.0), without it (most documents of a trained model, one at a time)
