@@ -721,6 +721,52 @@ def test_transitions_without_labels_are_a_clear_error():
         path_score(scores, mask, None, T)
 
 
+def test_int32_labels_are_read_as_long_ones_on_the_scan_too():
+    """A chain of 11 overlapping nodes is scanned (not solved on the host), where int32 labels
+    failed deep in the scan, with or without transitions, while smaller clusters took them."""
+    mask = torch.zeros(1, 12, 2, dtype=torch.bool)
+    mask[0, :11, 1] = True
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn((1, 12, 2), generator=gen, dtype=DTYPE)
+    labels = torch.randint(1, 3, (1, 12, 2), generator=gen) * mask
+    for T in (None, torch.randn((4, 4), generator=gen, dtype=DTYPE)):
+        for function in (filtered_log_partition, filtered_marginals):
+            assert torch.equal(function(scores, mask, labels.int(), T),
+                               function(scores, mask, labels, T))
+        assert torch.equal(filtered_viterbi(scores, mask, labels.int(), T)[0],
+                           filtered_viterbi(scores, mask, labels, T)[0])
+        index = mask.view(-1).nonzero().squeeze(1)
+        nodes = NodeSet(index, labels.view(-1)[index], scores.view(-1)[index], (1, 12, 2))
+        want = decode_node_set(nodes, T)
+        got = decode_node_set(nodes._replace(labels=nodes.labels.int()), T)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("labels, transitions, message", [
+    (3, (4, 4), r"^node labels must lie in 0\.\.2 for \(4, 4\) transitions, got 3$"),
+    (-1, (4, 4), r"^node labels must lie in 0\.\.2 for \(4, 4\) transitions, got -1$"),
+    (2, (3, 3), r"^node labels must lie in 0\.\.1 for \(3, 3\) transitions, got 2$"),
+    (1.0, (4, 4), r"^node labels must be an integer tensor, got torch.float64$"),
+    (1, (4, 3), r"^transitions must be \[C \+ 1, C \+ 1\] for C labels, null included "
+                r"\(the last row from START, the last column to END\), got \(4, 3\)$"),
+], ids=["START", "negative", "too-small", "float", "not-square"])
+def test_labels_that_the_transitions_do_not_have_are_a_clear_error(labels, transitions, message):
+    """Label C (or -1, wrapping around) read the START row and END column: path_score gave a
+    wrong score without an error, and the solvers failed deep inside."""
+    mask = torch.zeros(1, 4, 2, dtype=torch.bool)
+    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 1] = True
+    scores = torch.zeros((1, 4, 2), dtype=DTYPE)
+    grid = torch.full((1, 4, 2), labels, dtype=DTYPE if isinstance(labels, float) else None)
+    T = torch.zeros(transitions, dtype=DTYPE)
+    path = mask.clone()
+    path[0, 1, 0] = False
+    for call in (lambda: path_score(scores, path, grid, T),
+                 lambda: filtered_log_partition(scores, mask, grid, T),
+                 lambda: filtered_viterbi(scores, mask, grid, T)):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
 def test_grids_of_other_shapes_are_a_clear_error_naming_them():
     mask = torch.zeros(1, 4, 2, dtype=torch.bool)
     mask[0, 1, 0] = True

@@ -486,7 +486,8 @@ def _solve(
         if want_marginals:
             marginals = _from_host(solved.marginals, host, n, device).to(scores.dtype)
     if comp.blocks:
-        labels = torch.zeros_like(index) if labels is None else labels
+        # long: the scan's one_hot takes no int32 labels, which the host solvers accept
+        labels = torch.zeros_like(index) if labels is None else labels.long()
         present = torch.ones_like(index, dtype=torch.bool)
     for block in comp.blocks:
         scan_scores = _to_scan_grid(scores, block, K, neg_value(scores.dtype))
@@ -505,6 +506,30 @@ def _solve(
             log_z = _scan(scan_scores, scan_mask, scan_labels, transitions, False).total
             totals = totals.index_add(0, block.row_doc, log_z)
     return _Solution(totals, best, marginals)
+
+
+def check_node_labels(labels: torch.Tensor, transitions: torch.Tensor) -> torch.Tensor:
+    """``labels`` (the nodes' labels, any shape) as a ``LongTensor``, once checked against
+    ``transitions``: a ``ValueError`` unless these are ``[C + 1, C + 1]`` and each label an
+    integer in ``0..C - 1``. Label ``C`` read the START row and END column, and a negative one
+    wrapped around to them: a wrong path score, not an error."""
+    if transitions.dim() != 2 or transitions.shape[0] != transitions.shape[1] or (
+            transitions.shape[0] < 2):
+        raise ValueError(
+            f"transitions must be [C + 1, C + 1] for C labels, null included (the last row "
+            f"from START, the last column to END), got {tuple(transitions.shape)}"
+        )
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(f"node labels must be an integer tensor, got {labels.dtype}")
+    C = transitions.shape[0] - 1
+    if labels.numel():
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= C:
+            raise ValueError(
+                f"node labels must lie in 0..{C - 1} for {tuple(transitions.shape)} "
+                f"transitions, got {low if low < 0 else high}"
+            )
+    return labels.long()
 
 
 def _solve_grid(
@@ -533,6 +558,8 @@ def _solve_grid(
     if bool(((node_index // K) % L + node_index % K >= L).any()):
         raise ValueError("a node (i, w) must end inside the grid: i + w < L")
     labels = None if node_labels is None else node_labels.reshape(-1)[node_index]
+    if labels is not None and transitions is not None:
+        labels = check_node_labels(labels, transitions)
     scores = node_scores.reshape(-1)[node_index].clamp_min(neg_value(node_scores.dtype))
     solution = _solve(node_index, scores, labels, shape, transitions, mode)
     return _Solution(
@@ -655,7 +682,7 @@ def path_score(
     if doc.numel() == 0:
         return total
     C = transitions.shape[0] - 1
-    label = node_labels[doc, start, width]
+    label = check_node_labels(node_labels[doc, start, width], transitions)
     first = torch.ones_like(doc, dtype=torch.bool)
     first[1:] = doc[1:] != doc[:-1]
     last = torch.ones_like(first)
