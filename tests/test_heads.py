@@ -916,6 +916,14 @@ def test_max_width_below_one_is_refused_by_every_head(name):
             HEADS[name](D, M, max_width=bad)
 
 
+@pytest.mark.parametrize("name", ["SemiCRF", "LinearCRF"])
+def test_a_negative_label_count_is_refused_by_the_baseline_heads(name):
+    """The semi-CRF head took n_labels = -1 (no label columns at all, not even null) and
+    failed on its first batch with an IndexError; the linear CRF refused it."""
+    with pytest.raises(ValueError, match="^n_labels must be >= 0, got -1$"):
+        HEADS[name](D, -1)
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"null_tokens": True}, {"mean_field": 1}])
 def test_filtered_decode_of_scores_with_a_graph_returns_no_graph(kwargs):
     """``decode`` is public: given span scores that carry a graph (say the training step's),

@@ -600,6 +600,8 @@ class SemiCRFHead(nn.Module):
         word_pool: bool = False,
     ) -> None:
         super().__init__()
+        if n_labels < 0:  # (0 is a head of null segments only, as the linear CRF's O tags)
+            raise ValueError(f"n_labels must be >= 0, got {n_labels}")
         self.n_labels = n_labels
         self.max_width = max_width
         C = n_labels + 1
