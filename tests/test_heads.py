@@ -29,7 +29,7 @@ from spacy_fsemicrf.structured.semicrf import (
     semicrf_log_partition,
     semicrf_marginals,
 )
-from spacy_fsemicrf.structured.spans import span_mask
+from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask
 
 D, M, K = 8, 3, 4
 
@@ -973,6 +973,18 @@ def test_decode_takes_lengths_inside_the_scores_only(name):
         with pytest.raises(TypeError, match="^lengths must be an integer tensor, got list$"):
             decode([5, 5])
         assert decode(torch.tensor([5, 3])).spans[:, 2].max() <= 4
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_gold_rows_that_are_not_a_tensor_are_a_clear_error(name):
+    """As lengths in a list: gold rows in a list failed on a missing tensor method."""
+    head = HEADS[name](D, M, max_width=K)
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 3])
+    with pytest.raises(TypeError, match=r"^gold spans must be a tensor of rows \(doc, start, "
+                                        r"end, label\), \[N, 4\], got list$"):
+        head(X, lengths, [[0, 0, 1, 1]])
+    with pytest.raises(TypeError, match="got list$"):
+        gold_label_grid([[0, 0, 1, 1]], lengths, 5, K)
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))

@@ -59,6 +59,7 @@ from .spans import (
     SpanFeaturizer,
     boundary_neighbors,
     check_lengths,
+    check_rows_type,
     document_mean,
     gold_label_grid,
     grid_chunks,
@@ -740,6 +741,7 @@ class LinearCRFHead(nn.Module):
         T = wide(self.transitions)
         allowed = self.allowed.to(emissions.device)
         if gold is not None:
+            check_rows_type(gold)
             tags = spans_to_tags(gold.to(emissions.device), lengths, X.shape[1], self.scheme)
             log_z = crf_log_partition(emissions, T, lengths, allowed)
             return (log_z - crf_score(emissions, T, tags, lengths, allowed)).sum()

@@ -105,6 +105,7 @@ def gold_label_grid(
     valid segmentation, and a silent drop would hide a data bug.
     """
     check_lengths(lengths)  # (a length of 4.5 would take a gold span ending on token 4)
+    check_rows_type(gold)
     grid = torch.zeros(
         (lengths.shape[0], length, max_width), dtype=torch.long, device=lengths.device
     )
@@ -113,6 +114,16 @@ def gold_label_grid(
     doc, start, end, label = check_gold_spans(gold, lengths, length, max_width, n_labels)
     grid[doc, start, end - start] = label
     return grid
+
+
+def check_rows_type(rows: torch.Tensor, what: str = "gold span") -> None:
+    """A ``TypeError`` unless span ``rows`` are a tensor, as for lengths: a list of rows
+    failed later on a missing tensor method."""
+    if not isinstance(rows, torch.Tensor):
+        raise TypeError(
+            f"{what}s must be a tensor of rows (doc, start, end, label), [N, 4], got "
+            f"{type(rows).__name__}"
+        )
 
 
 def check_span_rows(
@@ -128,6 +139,7 @@ def check_span_rows(
     not fit the batch's shape, a span outside its document, wider than ``max_width`` (if
     given), or with a label below 1 or above ``n_labels`` (if given), and for a floating-point
     entry that is not a whole number (it would be truncated to another token or label)."""
+    check_rows_type(rows, what)
     if rows.is_floating_point() and not bool((rows == rows.trunc()).all()):
         raise ValueError(f"{what}s must be whole numbers (doc, start, end, label)")
     rows = rows.to(lengths.device).long()
