@@ -288,6 +288,18 @@ def test_context_reads_each_document_alone():
         TokenContext(D, depth=-1)
 
 
+def test_context_of_an_empty_document_is_zeros_with_a_gradient_to_no_token():
+    """Packing gives an empty document one padding step, whose BiLSTM output came out where
+    every position past a document's length is documented as zeros."""
+    torch.manual_seed(3)
+    context = TokenContext(D, depth=1)
+    X = torch.randn(2, 4, D, requires_grad=True)
+    out = context(X, torch.tensor([0, 3]))
+    assert (out[0] == 0).all() and (out[1, 3:] == 0).all()
+    out.sum().backward()
+    assert (X.grad[0] == 0).all()
+
+
 def test_word_pool_adds_the_projected_mean_of_each_words_mentions():
     torch.manual_seed(0)
     pool = WordPool(4, enabled=True)

@@ -43,12 +43,16 @@ class TokenContext(nn.Module):
         B, L, _ = X.shape
         if L == 0:
             return X.new_zeros((B, 0, self.output_width))
-        # Empty documents get one (padding) step: packing needs lengths >= 1, and no span of
-        # theirs reads the output.
-        steps = lengths.clamp(1, L).cpu()
+        # Empty documents get one (padding) step: packing needs lengths >= 1.
+        on_host = lengths.cpu()
+        steps = on_host.clamp(1, L)
         packed = pack_padded_sequence(X, steps, batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
-        return pad_packed_sequence(out, batch_first=True, total_length=L)[0]
+        out = pad_packed_sequence(out, batch_first=True, total_length=L)[0]
+        empty = on_host == 0
+        if bool(empty.any()):  # that step's output is padding too: zeros, as the docstring says
+            out = out.masked_fill(empty.to(out.device).view(-1, 1, 1), 0.0)
+        return out
 
 
 class WordPool(nn.Module):
