@@ -889,6 +889,17 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
     def _loaded(self) -> None:
         """After loading: a pipeline without a calibration map warns on its first entities,
         and the constraints and labels must agree with the loaded model."""
+        # the saved cfg is read as it is: a string, a blank or a repeated label (cfg edited by
+        # hand) would name the head's outputs wrongly, or with a string's characters, silently
+        labels = self.cfg["labels"]
+        if not (isinstance(labels, (list, tuple))
+                and all(isinstance(label, str) and label.strip() for label in labels)
+                and len(set(labels)) == len(labels)):
+            raise ValueError(
+                f"Cannot load the '{self.name}' component: the labels of its saved cfg are not a "
+                f"list of distinct non-empty strings ({labels!r}). Save the pipeline again, or "
+                f"reinstall its package."
+            )
         self._warned_uncalibrated = False
         if needs_novelty(self.calibration) and not len(self.seen_entities):
             logger.warning(

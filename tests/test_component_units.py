@@ -465,6 +465,29 @@ def test_load_errors_name_the_component_and_where_it_was_loaded_from(initialized
         "(['LOC', 'ORG', 'PER', 'ZZX']): the saved pipeline is inconsistent.")
 
 
+@pytest.mark.parametrize("labels", ["LOP", ["LOC", "ORG", ""], ["LOC", "LOC", "PER"],
+                                    ["LOC", "ORG", 5], ["LOC", "ORG", ["PER"]]])
+def test_saved_labels_that_are_not_distinct_strings_are_refused_on_loading(
+    initialized, tmp_path, labels
+):
+    """A cfg edited by hand loaded as it was: a string's characters, a blank or a repeated
+    label named the head's outputs wrongly without an error."""
+    nlp, _ = initialized
+    path = tmp_path / "ner"
+    nlp.get_pipe("fsemicrf_ner").to_disk(path, exclude=["vocab"])
+    srsly.write_json(path / "cfg", {**srsly.read_json(path / "cfg"), "labels": labels})
+    error = (r"^Cannot load the 'fsemicrf_ner' component: the labels of its saved cfg are not a "
+             r"list of distinct non-empty strings \(.+\)\. Save the pipeline again, or reinstall "
+             r"its package\.$")
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=error):
+        fresh.from_disk(path, exclude=["vocab"])
+    data = {name: (path / name).read_bytes() for name in ("cfg", "model", "seen_entities")}
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=error):
+        fresh.from_bytes(srsly.msgpack_dumps(data))
+
+
 @pytest.mark.parametrize("part", ["model", "cfg"])
 def test_a_damaged_file_is_named_as_damaged_not_as_another_config(initialized, tmp_path, part):
     """A truncated file is not a config that builds another model: the error says which part
