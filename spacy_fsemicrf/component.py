@@ -900,6 +900,16 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"list of distinct non-empty strings ({labels!r}). Save the pipeline again, or "
                 f"reinstall its package."
             )
+        # spaCy fills cfg without the calibration setter's check: a map edited by hand would
+        # score every entity 0, or fail at the first prediction as if not initialized
+        try:
+            check_calibration(self.calibration)
+        except ValueError as err:
+            raise ValueError(
+                f"Cannot load the '{self.name}' component: the calibration map of its saved cfg "
+                f"is not valid. {err}. Save the pipeline again (or fit a map again), or "
+                f"reinstall its package."
+            ) from None
         self._warned_uncalibrated = False
         if needs_novelty(self.calibration) and not len(self.seen_entities):
             logger.warning(

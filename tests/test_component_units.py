@@ -488,6 +488,34 @@ def test_saved_labels_that_are_not_distinct_strings_are_refused_on_loading(
         fresh.from_bytes(srsly.msgpack_dumps(data))
 
 
+@pytest.mark.parametrize("calibration", [
+    {"method": "platt", "slope": -2.0, "intercept": 0.5},
+    {"method": "isotonc", "x": [0.2, 0.8], "y": [0.1, 0.9]},
+    {"method": "by_novelty", "seen": {"method": "platt", "slope": 1.0, "intercept": 0.0}},
+])
+def test_a_saved_calibration_map_that_is_not_valid_is_refused_on_loading(
+    initialized, tmp_path, calibration
+):
+    """spaCy fills cfg without the calibration setter's check: a map edited by hand loaded,
+    then scored every entity 0 (a negative slope) or failed at the first prediction, whose
+    error asked to initialize the component."""
+    nlp, _ = initialized
+    path = tmp_path / "ner"
+    nlp.get_pipe("fsemicrf_ner").to_disk(path, exclude=["vocab"])
+    srsly.write_json(path / "cfg", {**srsly.read_json(path / "cfg"),
+                                    "calibration": calibration})
+    error = (r"^Cannot load the 'fsemicrf_ner' component: the calibration map of its saved cfg "
+             r"is not valid\. A calibration map is .+, got .+\. Save the pipeline again \(or fit "
+             r"a map again\), or reinstall its package\.$")
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=error):
+        fresh.from_disk(path, exclude=["vocab"])
+    data = {name: (path / name).read_bytes() for name in ("cfg", "model", "seen_entities")}
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=error):
+        fresh.from_bytes(srsly.msgpack_dumps(data))
+
+
 @pytest.mark.parametrize("part", ["model", "cfg"])
 def test_a_damaged_file_is_named_as_damaged_not_as_another_config(initialized, tmp_path, part):
     """A truncated file is not a config that builds another model: the error says which part
