@@ -33,6 +33,7 @@ entity annotation.
 import argparse
 import logging
 import math
+import numbers
 import sys
 import warnings
 from pathlib import Path
@@ -273,14 +274,18 @@ def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
             for part in parts:
                 check_calibration(part)
             return calibration
+        # numbers, not their text, which float() and numpy.asarray() read but apply_calibration
+        # cannot compute with (a map written or edited by hand)
         if calibration["method"] == "platt":
-            slope, intercept = float(calibration["slope"]), float(calibration["intercept"])
-            ok = math.isfinite(slope) and math.isfinite(intercept) and slope >= 0
+            slope, intercept = calibration["slope"], calibration["intercept"]
+            ok = (isinstance(slope, numbers.Real) and isinstance(intercept, numbers.Real)
+                  and math.isfinite(slope) and math.isfinite(intercept) and slope >= 0)
         else:
             x = numpy.asarray(calibration["x"], dtype="float64")
             y = numpy.asarray(calibration["y"], dtype="float64")
             ok = (
                 calibration["method"] == "isotonic"
+                and all(isinstance(v, numbers.Real) for v in [*calibration["x"], *calibration["y"]])
                 and x.ndim == 1 and x.shape == y.shape
                 and bool(numpy.isfinite(x).all() and (numpy.diff(x) > 0).all())
                 and bool(((y >= 0) & (y <= 1)).all() and (numpy.diff(y) >= 0).all())

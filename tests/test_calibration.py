@@ -418,6 +418,21 @@ def test_the_maps_on_small_or_odd_data():
             check_calibration(bad)
 
 
+@pytest.mark.parametrize("bad", [{"method": "platt", "slope": "0.5", "intercept": 0.1},
+                                 {"method": "platt", "slope": 0.5, "intercept": "0.1"},
+                                 {"method": "isotonic", "x": ["0.2", "0.8"], "y": [0.1, 0.9]},
+                                 {"method": "isotonic", "x": [0.2, 0.8], "y": [0.1, "0.9"]}])
+def test_a_map_with_numbers_written_as_text_is_refused(bad):
+    """float() and numpy.asarray() read "0.5" as a number, so the check took such a map (edited
+    by hand), and applying it failed at the first prediction with a TypeError."""
+    with pytest.raises(TypeError):
+        apply_calibration(bad, numpy.array([0.5, 0.9]))
+    with pytest.raises(ValueError, match="calibration map"):
+        check_calibration(bad)
+    with pytest.raises(ValueError, match="calibration map"):
+        check_calibration({"method": "by_novelty", "seen": bad, "unseen": bad})
+
+
 @pytest.mark.parametrize("value", [0.0, 0.3, 0.7, 1.0])
 def test_platt_on_raw_confidences_that_do_not_vary_is_constant(value):
     """All held-out entities at one raw confidence (one entity; a saturated head) tell no

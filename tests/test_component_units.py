@@ -490,6 +490,7 @@ def test_saved_labels_that_are_not_distinct_strings_are_refused_on_loading(
 
 @pytest.mark.parametrize("calibration", [
     {"method": "platt", "slope": -2.0, "intercept": 0.5},
+    {"method": "platt", "slope": "1", "intercept": 0.5},
     {"method": "isotonc", "x": [0.2, 0.8], "y": [0.1, 0.9]},
     {"method": "by_novelty", "seen": {"method": "platt", "slope": 1.0, "intercept": 0.0}},
 ])
