@@ -866,7 +866,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if len(data) % 8:
             raise ValueError(f"Cannot load the '{self.name}' component: its {SEEN_ENTITIES} "
                              f"data is not a list of 64-bit hashes ({len(data)} bytes).")
-        self.seen_entities = numpy.frombuffer(data, dtype="<u8").astype("uint64")
+        # sorted and unique, as the lookups (numpy.searchsorted) need: a file in another order
+        # would calibrate seen entities as new without a word
+        self.seen_entities = numpy.unique(numpy.frombuffer(data, dtype="<u8").astype("uint64"))
 
     def _load_error(self, err: Exception, source: str, damaged: Optional[str]) -> Exception:
         """The error of a failed load: a damaged file, or a config that builds another model

@@ -1036,6 +1036,23 @@ def test_the_training_entities_are_recorded_and_saved(small_nlp, tmp_path):
     assert ner2.seen_entities.tolist() == sorted({entity_key(e.text) for d in docs for e in d.ents})
 
 
+def test_seen_entities_saved_in_another_order_load_sorted(small_nlp, tmp_path):
+    """Seen entities are looked up by bisection: a file of them in another order (written by
+    another tool, or edited) loaded as it was, and entities seen in training counted as new."""
+    ner = small_nlp.get_pipe("fsemicrf_ner")
+    small_nlp.to_disk(tmp_path / "saved")
+    path = tmp_path / "saved" / "fsemicrf_ner" / "seen_entities"
+    keys = numpy.frombuffer(path.read_bytes(), dtype="<u8")
+    path.write_bytes(numpy.concatenate([keys[::-1], keys[:1]]).astype("<u8").tobytes())
+    doc = make_examples(small_nlp)[0].reference
+    rows = numpy.array([[0, e.start, e.end - 1, 1] for e in doc.ents])
+    for loaded in (spacy.load(tmp_path / "saved").get_pipe("fsemicrf_ner"),
+                   spacy.blank("en").add_pipe("fsemicrf_ner", config={"model": small_model()})
+                   .from_disk(tmp_path / "saved" / "fsemicrf_ner", exclude=["vocab"])):
+        assert loaded.seen_entities.tolist() == ner.seen_entities.tolist()
+        assert seen_flags([doc], rows, loaded.seen_entities).all()
+
+
 def test_a_map_by_novelty_scores_seen_and_unseen_entities_apart(small_nlp, tmp_path):
     nlp = _copy(small_nlp, tmp_path, candidates_key="cands", filter_margin=2.0)
     ner = nlp.get_pipe("fsemicrf_ner")
