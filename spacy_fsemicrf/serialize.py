@@ -122,7 +122,14 @@ def deserialize_head(
             "tensors, which are refused (loading a pipeline never runs code from its files). "
             f"Save the pipeline again, or reinstall its package ({type(err).__name__})."
         ) from err
-    head.load_state_dict(state)
+    try:
+        head.load_state_dict(state)
+    except (RuntimeError, TypeError) as err:  # missing, unexpected or other-shaped tensors
+        raise ValueError(
+            "Cannot load the fsemicrf_ner head: its weights do not fit the head its record "
+            f"describes ({' '.join(str(err).split()).rstrip('.')}). Save the pipeline again, "
+            "or reinstall its package."
+        ) from err
     # in eval mode, as predictions need it: a loaded pipeline that serves several threads
     # then never switches modes under one of them (training switches to training mode itself)
     return head.to(device).eval()

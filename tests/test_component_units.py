@@ -567,6 +567,45 @@ def test_head_weights_holding_code_are_refused_with_the_plugins_message(
     assert not _RunsCode.ran
 
 
+@pytest.mark.parametrize("edit", ["drop a tensor", "add a tensor", "more labels", "a list"])
+def test_head_weights_that_do_not_fit_their_record_are_a_value_error(initialized, edit):
+    """Weights without a tensor the head has, with one it lacks, of other shapes, or not a
+    mapping, raised torch's RuntimeError or TypeError, not the loading error of a damaged
+    pipeline."""
+    import io
+
+    nlp, _ = initialized
+    saved = nlp.get_pipe("fsemicrf_ner")
+    msg = srsly.msgpack_loads(saved.model.to_bytes())
+    shim_at = next(i for i, s in enumerate(msg["shims"]) if s)
+    shim = srsly.msgpack_loads(msg["shims"][shim_at][0])
+    head = srsly.msgpack_loads(shim["state"])
+    state = torch.load(io.BytesIO(head["state"]), weights_only=True)
+    if edit == "drop a tensor":
+        state.pop(next(iter(state)))
+    elif edit == "add a tensor":
+        state["extra.weight"] = torch.zeros(2)
+    elif edit == "more labels":
+        head["n_labels"] += 1
+    else:
+        state = list(state.values())
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    head["state"] = buf.getvalue()
+    shim["state"] = srsly.msgpack_dumps(head)
+    msg["shims"][shim_at][0] = srsly.msgpack_dumps(shim)
+    error = (r"^Cannot load the fsemicrf_ner head: its weights do not fit the head its record "
+             r"describes \(.+\)\. Save the pipeline again, or reinstall its package\.$")
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=error):
+        fresh.model.from_bytes(srsly.msgpack_dumps(msg))
+    data = srsly.msgpack_loads(saved.to_bytes())
+    data["model"] = srsly.msgpack_dumps(msg)
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=error):
+        fresh.from_bytes(srsly.msgpack_dumps(data))
+
+
 class _RunsCode:
     ran = False
 
