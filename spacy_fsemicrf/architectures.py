@@ -29,6 +29,7 @@ from .head_model import (
 from .structured.heads import HEADS
 from .structured.nbest import Segmentation
 from .structured.prediction import DecodeOptions
+from .structured.spans import check_integer
 
 FILTERED_SEMICRF = "spacy-fsemicrf.FilteredSemiCRF.v1"
 SEMICRF = "spacy-fsemicrf.SemiCRF.v1"
@@ -190,11 +191,13 @@ def build_structured_model(
     grad_scaler: Optional[Dict[str, Any]],
 ) -> Model[ModelInput, Any]:
     """Chain ``tok2vec`` and the PyTorch head of ``arch`` (built later, at initialize)."""
-    # a head of hidden width 0 builds (torch allows empty layers): the span heads would fail at
-    # their first update, the linear CRF would train emissions that read no token vector
+    # a head of hidden width 0 built (torch allows empty layers): the span heads failed at
+    # their first update, the linear CRF trained emissions that read no token vector; and
+    # int() took a max_width of 2.5 for 2, which the linear CRF then kept
     for name in ("max_width", "hidden_width"):
-        if int(head_kwargs[name]) < 1:
-            raise ValueError(f"{name} must be at least 1, got {int(head_kwargs[name])}")
+        check_integer(name, head_kwargs[name])
+        if head_kwargs[name] < 1:
+            raise ValueError(f"{name} must be at least 1, got {head_kwargs[name]}")
     max_width = int(head_kwargs["max_width"])
     _check_head_kwargs(arch, head_kwargs)
     head = make_head_model(arch, head_kwargs, mixed_precision=mixed_precision,

@@ -194,6 +194,26 @@ def test_bad_settings_fail_when_the_config_is_resolved():
                              config={"model": model_config(arch, hidden_width=width)})
 
 
+def test_a_max_width_that_is_no_integer_is_named_by_the_config_and_the_builders():
+    """A builder called from Python (no config validation) took max_width = 2.5 for 2, which
+    the linear CRF head then kept; a config says so through its own validation."""
+    nlp = spacy.blank("en")
+    for arch in ARCHS:
+        with pytest.raises(ValueError, match="max_width"):
+            nlp.add_pipe("fsemicrf_ner", name=f"k{arch}",
+                         config={"model": model_config(arch, max_width=2.5)})
+    tok2vec = registry.architectures.get("spacy.HashEmbedCNN.v2")(
+        width=16, depth=1, embed_size=100, window_size=1, maxout_pieces=2,
+        subword_features=False, pretrained_vectors=None,
+    )
+    build = registry.architectures.get(LINEAR_CRF)
+    settings = dict(hidden_width=8, scheme="BIO", dropout=0.1, context_depth=0, word_pool=False)
+    for bad in (2.5, True):
+        with pytest.raises(ValueError, match=f"^max_width must be an integer, got {bad}$"):
+            build(tok2vec, max_width=bad, **settings)
+    assert build(tok2vec, max_width=3, **settings).attrs["max_width"] == 3
+
+
 def test_mixed_precision_config_runs_in_float32_on_cpu(caplog):
     import torch
 

@@ -1,7 +1,10 @@
 """The three heads: the shared interface, learning a toy task, and long-document decoding."""
 import functools
+import inspect
 import math
+import re
 
+import numpy
 import pytest
 import torch
 
@@ -21,7 +24,9 @@ from spacy_fsemicrf.structured.linear_crf import (
     crf_score,
     crf_span_marginals,
     spans_to_tags,
+    tag_scheme,
 )
+from spacy_fsemicrf.structured.mean_field import MeanFieldRefiner
 from spacy_fsemicrf.structured.prediction import DecodeOptions
 from spacy_fsemicrf.structured.semiring import NEG
 from spacy_fsemicrf.structured.semicrf import (
@@ -29,7 +34,7 @@ from spacy_fsemicrf.structured.semicrf import (
     semicrf_log_partition,
     semicrf_marginals,
 )
-from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask
+from spacy_fsemicrf.structured.spans import SpanFeaturizer, gold_label_grid, span_mask
 
 D, M, K = 8, 3, 4
 
@@ -934,6 +939,74 @@ def test_a_negative_label_count_is_refused_by_the_baseline_heads(name):
     failed on its first batch with an IndexError; the linear CRF refused it."""
     with pytest.raises(ValueError, match="^n_labels must be >= 0, got -1$"):
         HEADS[name](D, -1)
+
+
+NAN = float("nan")
+# bad values of each head's settings, by setting: non-integers (a bool is an int to Python)
+# where sizes go, sizes of 0, NaN where numbers go, unknown strings
+BAD_SETTINGS = {
+    "max_width": [2.5, True, "3"],
+    "hidden_width": [0, -1, 2.5, True],
+    "dropout": [NAN, -0.1, 1.5, True, "0.1"],
+    "hidden_depth": [1.5, True],
+    "context_depth": [1.5, True, -1],
+    "span_repr": ["bogus", 3],
+    "scheme": ["IOX", 3],
+    "mean_field": [1.5, True, -1],
+    "null_weight": [NAN, "0.5"],
+    "boundary_smoothing": [NAN],
+    "train_margin": [NAN, "0"],
+    "exact_loss": [NAN],
+    "focal_gamma": [NAN, True],
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_bad_settings_are_a_value_error_that_names_them_at_construction(name):
+    """hidden_width = 0 built a span head that failed at its first batch, max_width = 2.5
+    failed in PyTorch with an error that named no setting (the linear CRF took it), and True,
+    NaN or 1.5 were taken for several settings (a NaN loss weight turned its loss off)."""
+    cls = HEADS[name]
+    settings = inspect.signature(cls).parameters
+    for setting, values in BAD_SETTINGS.items():
+        if setting not in settings:
+            continue
+        for value in values:
+            message = rf"^{setting} must .*, got {re.escape(repr(value))}$"
+            with pytest.raises(ValueError, match=message):
+                cls(D, M, **{setting: value})
+    for width in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"^input_width must .*, got {width}$"):
+            cls(width, M)
+    for labels in (2.5, True, "2"):
+        with pytest.raises(ValueError, match=f"^n_labels must be an integer, got {labels!r}$"):
+            cls(D, labels)
+    # the values the settings allow, NumPy's integers too, still build
+    cls(D, numpy.int64(M), max_width=numpy.int64(2), hidden_width=4, dropout=0)
+    cls(D, M, dropout=1)
+
+
+def test_the_heads_parts_refuse_bad_sizes_at_construction():
+    """The parts a head is built of, public for use on their own, name a bad size too: a
+    mean-field attention width of 0 divided by sqrt(0), a context depth of True built an LSTM
+    that failed to run, a scheme of 3 raised an AttributeError."""
+    cases = [
+        (lambda: SpanFeaturizer(D, 0, K), "^hidden_width must be >= 1, got 0$"),
+        (lambda: SpanFeaturizer(D, 4, 2.5), "^max_width must be an integer, got 2.5$"),
+        (lambda: SpanFeaturizer(0, 4, K), "^input_width must be >= 1, got 0$"),
+        (lambda: TokenContext(D, True), "^context_depth must be an integer, got True$"),
+        (lambda: TokenContext(D, 1.5), "^context_depth must be an integer, got 1.5$"),
+        (lambda: WordPool(0, True), "^input_width must be >= 1, got 0$"),
+        (lambda: MeanFieldRefiner(2 * D, M, 1, attention_width=0),
+         "^attention_width must be >= 1, got 0$"),
+        (lambda: MeanFieldRefiner(2 * D, M, 1.5), "^layers must be an integer, got 1.5$"),
+        (lambda: MeanFieldRefiner(2 * D, True, 1), "^n_classes must be an integer, got True$"),
+        (lambda: tag_scheme(M, 3), r"^scheme must be one of \('BIO', 'BILUO'\), got 3$"),
+        (lambda: tag_scheme(2.5), "^n_labels must be an integer, got 2.5$"),
+    ]
+    for build, message in cases:
+        with pytest.raises(ValueError, match=message):
+            build()
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"null_tokens": True}, {"mean_field": 1}])

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from .spans import same_word_mean
+from .spans import check_integer, same_word_mean
 
 
 class TokenContext(nn.Module):
@@ -25,8 +25,8 @@ class TokenContext(nn.Module):
 
     def __init__(self, input_width: int, depth: int = 0) -> None:
         super().__init__()
-        if depth < 0:
-            raise ValueError(f"context_depth must be >= 0, got {depth}")
+        check_integer("input_width", input_width, 1)
+        check_integer("context_depth", depth, 0)  # (True built an LSTM that failed to run)
         self.depth = depth
         if depth == 0:
             self.lstm = None
@@ -69,6 +69,7 @@ class WordPool(nn.Module):
 
     def __init__(self, input_width: int, enabled: bool = False) -> None:
         super().__init__()
+        check_integer("input_width", input_width, 1)
         self.proj = nn.Linear(input_width, input_width, bias=False) if enabled else None
 
     def forward(

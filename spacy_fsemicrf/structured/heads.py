@@ -58,7 +58,10 @@ from .semiring import masked_fill_neg, wide
 from .spans import (
     SpanFeaturizer,
     boundary_neighbors,
+    check_integer,
     check_lengths,
+    check_number,
+    check_probability,
     check_rows_type,
     document_mean,
     gold_label_grid,
@@ -105,6 +108,17 @@ def check_scores(scores: torch.Tensor) -> None:
         )
 
 
+def _check_head_settings(input_width: int, max_width: int, hidden_width: int,
+                         dropout: float) -> None:
+    """A ``ValueError`` naming the setting, at construction, for a bad value of a setting
+    every head has: a hidden width of 0 built a head that failed at its first batch, a
+    max_width of 2.5 failed in PyTorch (the linear CRF took it), a dropout of NaN was taken."""
+    check_integer("input_width", input_width, 1)
+    check_integer("max_width", max_width, 1)
+    check_integer("hidden_width", hidden_width, 1)
+    check_probability("dropout", dropout)
+
+
 def _empty_decoded(device: torch.device) -> Decoded:
     return (
         torch.zeros((0, 4), dtype=torch.long, device=device),
@@ -131,8 +145,7 @@ class _SpanScorer(nn.Module):
         doc_vector: bool = False,
     ) -> None:
         super().__init__()
-        if hidden_depth < 1:
-            raise ValueError(f"hidden_depth must be >= 1, got {hidden_depth}")
+        check_integer("hidden_depth", hidden_depth, 1)
         self.max_width = max_width
         self.dropout = nn.Dropout(dropout)
         self.featurizer = SpanFeaturizer(
@@ -276,12 +289,19 @@ class FilteredSemiCRFHead(nn.Module):
         focal_gamma: float = 0.0,
     ) -> None:
         super().__init__()
+        _check_head_settings(input_width, max_width, hidden_width, dropout)
+        check_integer("n_labels", n_labels)
+        check_integer("mean_field", mean_field, 0)
+        # (NaN passes the range checks below: a loss weight of NaN turned its loss off)
+        settings = {"null_weight": null_weight, "boundary_smoothing": boundary_smoothing,
+                    "train_margin": train_margin, "exact_loss": exact_loss,
+                    "focal_gamma": focal_gamma}
+        for name, value in settings.items():
+            check_number(name, value)
         if focal_gamma < 0:
             raise ValueError(f"focal_gamma must be >= 0, got {focal_gamma}")
         if exact_loss < 0:
             raise ValueError(f"exact_loss must be >= 0, got {exact_loss}")
-        if mean_field < 0:
-            raise ValueError(f"mean_field must be >= 0, got {mean_field}")
         if n_labels < 1:
             raise ValueError(f"a filtered head needs at least one entity label, got {n_labels}")
         if null_tokens and transitions:
@@ -601,8 +621,9 @@ class SemiCRFHead(nn.Module):
         word_pool: bool = False,
     ) -> None:
         super().__init__()
-        if n_labels < 0:  # (0 is a head of null segments only, as the linear CRF's O tags)
-            raise ValueError(f"n_labels must be >= 0, got {n_labels}")
+        _check_head_settings(input_width, max_width, hidden_width, dropout)
+        # (0 is a head of null segments only, as the linear CRF's O tags)
+        check_integer("n_labels", n_labels, 0)
         self.n_labels = n_labels
         self.max_width = max_width
         C = n_labels + 1
@@ -704,8 +725,8 @@ class LinearCRFHead(nn.Module):
         word_pool: bool = False,
     ) -> None:
         super().__init__()
-        if max_width < 1:  # (as the span heads': it bounds the candidates)
-            raise ValueError(f"max_width must be >= 1, got {max_width}")
+        # (max_width as the span heads': it bounds the candidates)
+        _check_head_settings(input_width, max_width, hidden_width, dropout)
         self.n_labels = n_labels
         self.max_width = max_width
         self.scheme = tag_scheme(n_labels, scheme)

@@ -20,7 +20,13 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .semiring import NEG, logsumexp, lse, masked_fill_neg, neg_value
-from .spans import check_gold_spans, check_span_rows, token_coverage, token_mask
+from .spans import (
+    check_gold_spans,
+    check_integer,
+    check_span_rows,
+    token_coverage,
+    token_mask,
+)
 
 __all__ = [
     "TagScheme",
@@ -68,11 +74,10 @@ class TagScheme:
 
 def tag_scheme(n_labels: int, scheme: str = "BIO") -> TagScheme:
     """Build the :class:`TagScheme` for ``n_labels`` entity types (``scheme`` "BIO"/"BILUO")."""
-    name = scheme.upper()
+    name = scheme.upper() if isinstance(scheme, str) else scheme  # (3 had no .upper())
     if name not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-    if n_labels < 0:
-        raise ValueError(f"n_labels must be >= 0, got {n_labels}")
+    check_integer("n_labels", n_labels, 0)
     letters = _KINDS[name]
     names = ["O"] + [f"{k}-{l}" for l in range(1, n_labels + 1) for k in letters]
     kinds = tuple(n[0] for n in names)

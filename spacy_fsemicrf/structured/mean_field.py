@@ -21,6 +21,8 @@ from typing import Tuple
 import torch
 from torch import nn
 
+from .spans import check_integer
+
 
 def node_edges(index: torch.Tensor, shape: Tuple[int, int, int]) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(src, dst)``, two ``LongTensor[E]``: every ordered pair of distinct nodes of one
@@ -70,6 +72,10 @@ class MeanFieldLayer(nn.Module):
 
     def __init__(self, feature_width: int, n_classes: int, attention_width: int = 32) -> None:
         super().__init__()
+        # (an attention width of 0 divided by sqrt(0): NaN weights)
+        check_integer("feature_width", feature_width, 1)
+        check_integer("n_classes", n_classes, 1)
+        check_integer("attention_width", attention_width, 1)
         self.query = nn.Linear(feature_width, attention_width, bias=False)
         self.key = nn.Linear(feature_width, attention_width, bias=False)
         self.compatibility = nn.Parameter(torch.zeros(n_classes, n_classes))  # mu
@@ -98,6 +104,7 @@ class MeanFieldRefiner(nn.Module):
         tied: bool = False,
     ) -> None:
         super().__init__()
+        check_integer("layers", layers)
         if layers < 1:
             raise ValueError(f"a mean-field refiner needs at least one layer, got {layers}")
         self.n_layers = layers

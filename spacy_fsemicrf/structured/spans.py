@@ -6,7 +6,9 @@ of tokens ``i .. i + w`` (inclusive, width ``w + 1``) of document ``b``. It is a
 most ``n * K``.
 """
 import functools
-from typing import List, NamedTuple, Optional, Tuple
+import math
+import numbers
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import numpy
 import torch
@@ -28,6 +30,32 @@ SPAN_REPRS = (
     "sum_endpoints_neighbors",
     "sum_endpoints_neighbors_max",
 )
+
+
+def check_integer(name: str, value: Any, minimum: Optional[int] = None) -> None:
+    """A ``ValueError`` unless the setting ``name`` is an integer (NumPy's too, not a bool), at
+    least ``minimum`` if given: a float or a bool (an int to Python) built layers of another
+    size, or failed later in PyTorch with an error that did not name the setting."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_number(name: str, value: Any) -> None:
+    """A ``ValueError`` unless the setting ``name`` is a real number, not NaN and not a bool:
+    NaN passes every ``<`` check, so a weight of NaN was taken, and turned off what it
+    weighs."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+
+
+def check_probability(name: str, value: Any) -> None:
+    """:func:`check_number`, and a ``ValueError`` unless ``value`` is in ``[0, 1]`` (a dropout
+    rate of NaN was taken, and failed at the first training step)."""
+    check_number(name, value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
 def check_lengths(
@@ -538,8 +566,9 @@ class SpanFeaturizer(nn.Module):
         super().__init__()
         if span_repr not in SPAN_REPRS:
             raise ValueError(f"span_repr must be one of {SPAN_REPRS}, got {span_repr!r}")
-        if max_width < 1:
-            raise ValueError(f"max_width must be >= 1, got {max_width}")
+        check_integer("input_width", input_width, 1)
+        check_integer("hidden_width", hidden_width, 1)
+        check_integer("max_width", max_width, 1)
         self.span_repr = span_repr
         self.max_width = max_width
         # max pooling of a further projection on top of the sums
