@@ -142,3 +142,41 @@ def test_an_empty_batch_has_no_segmentations_for_every_head():
     assert filtered_nbest(nodes, lengths, None, 2) == []
     with pytest.raises(ValueError, match="^k must be an integer >= 1, got 0$"):
         filtered_nbest(nodes, lengths, None, 0)
+
+
+def test_paths_of_score_minus_infinity_are_left_out_by_every_head():
+    """The filtered head listed the paths through a node scored -inf (log_prob -inf), where
+    the searches of the other heads leave such paths out. Every head lists only the paths that
+    have a probability; where every path of a document is -inf, none (an empty list), while
+    the other documents of the batch keep theirs."""
+    inf = float("inf")
+    lengths = torch.tensor([3, 3])
+    # nodes 0..0, 0..1, 1..1, 2..2 in each document: two maximal paths, {0..0, 1..1, 2..2}
+    # and {0..1, 2..2}
+    index = torch.tensor([0, 1, 2, 4, 6, 7, 8, 10])
+    scores = torch.tensor([0.5, -inf, 0.2, 0.1] + [-inf] * 4, dtype=torch.float64)
+    nodes = filtered.NodeSet(index, torch.ones(8, dtype=torch.long), scores, (2, 3, 2))
+    found = filtered_nbest(nodes, lengths, None, 4)
+    assert [seg.spans for seg in found[0]] == [((0, 0, 1), (1, 1, 1), (2, 2, 1))]
+    assert math.isclose(found[0][0].prob, 1.0)
+    assert found[1] == []
+    # the semi-CRF: of the 12 segmentations of 3 tokens into segments of width 1 or 2 (null
+    # or entity, null one token wide), the 2 that open with the entity 0..1 are -inf
+    segments = torch.zeros(2, 3, 2, 2, dtype=torch.float64)
+    segments[0, 0, 1, 1] = -inf
+    segments[1] = -inf
+    found = semicrf_nbest(segments, lengths, None, 16)
+    assert len(found[0]) == 10 and all(seg.prob > 0 for seg in found[0])
+    assert ((0, 1, 1),) not in {seg.spans for seg in found[0]}
+    assert found[1] == []
+    # the linear CRF (BIO, one label): B at token 0 is -inf, so token 0 is O (I cannot open
+    # an entity), then O or B, then O or B (after O) or O, B or I (after B): 5 sequences
+    scheme = tag_scheme(1, "BIO")
+    emissions = torch.zeros(2, 3, scheme.n_tags, dtype=torch.float64)
+    emissions[0, 0, scheme.names.index("B-1")] = -inf
+    emissions[1] = -inf
+    T = torch.zeros(scheme.n_tags + 1, scheme.n_tags + 1, dtype=torch.float64)
+    found = crf_nbest(emissions, T, lengths, scheme, 16, scheme.allowed)
+    assert len(found[0]) == 5 and all(seg.prob > 0 for seg in found[0])
+    assert all(seg.spans[0][0] > 0 for seg in found[0] if seg.spans)
+    assert found[1] == []

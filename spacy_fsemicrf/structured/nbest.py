@@ -6,6 +6,11 @@ each distinct (for the linear CRF, distinct valid tag sequences, which are disti
 segmentations). A segmentation's probability is ``exp(score - log Z)`` with the head's own
 log Z: the filtered head's over the maximal paths of its node set, the semi-CRF's over all
 segmentations, the CRF's over all tag sequences.
+
+A path of score ``-inf`` (through a node, segment or tag scored ``-inf``, or a transition
+``-inf`` forbids) has probability 0: it is no path of the distribution, and none of the three
+lists it. A document lists fewer than k where fewer paths have a probability, and none (an
+empty list) where no path has one: every path ``-inf`` leaves no distribution to rank.
 """
 import math
 from typing import List, NamedTuple, Optional, Tuple
@@ -48,7 +53,8 @@ def filtered_nbest(
     transitions: Optional[torch.Tensor],
     k: int,
 ) -> List[List[Segmentation]]:
-    """The k best paths of each document's filtered graph (its kept nodes)."""
+    """The k best paths of each document's filtered graph (its kept nodes), leaving out
+    those of score ``-inf`` (none where every path is ``-inf``), as the other heads' do."""
     check_k(k)  # (also where there is no document to search)
     B, L, K = nodes.shape
     log_z = filtered.filtered_log_partition(
@@ -65,10 +71,12 @@ def filtered_nbest(
         length = int(lengths[b])
         graph = itemgraphs.filtered_items(mine, scores[ranges[b] : ranges[b + 1]], length, K).graph
         found = search(graph, T, None, sentence_index(length), k)
+        # the paths come best first, so those of probability 0 are the last (the lattice
+        # searches of the other heads never return them)
         out.append([
             Segmentation(tuple(tuple(mine[i].tolist()) for i in p.items), p.score,
                          p.score - float(log_z[b]))
-            for p in found.paths
+            for p in found.paths if p.score != -math.inf
         ])
     return out
 
@@ -92,7 +100,8 @@ def semicrf_nbest(
     scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor], k: int
 ) -> List[List[Segmentation]]:
     """The k best segmentations of each document under the exact semi-CRF's segment scores
-    ``[B, L, K, C]`` (impossible segments are ignored, as in the head)."""
+    ``[B, L, K, C]`` (impossible segments are ignored, as in the head), leaving out those of
+    score ``-inf`` (none where every segmentation is ``-inf``)."""
     B, L, K, C = scores.shape
     log_z = semicrf_log_partition(scores.detach().double(), lengths, _double(transitions))
     lengths_np = lengths.cpu().numpy()
@@ -112,7 +121,8 @@ def crf_nbest(
     k: int,
     allowed: Optional[torch.Tensor] = None,
 ) -> List[List[Segmentation]]:
-    """The k best valid tag sequences of each document under a linear CRF, as entities."""
+    """The k best valid tag sequences of each document under a linear CRF, as entities,
+    leaving out those of score ``-inf`` (none where every sequence is ``-inf``)."""
     B, L, n_tags = emissions.shape
     log_z = crf_log_partition(emissions.detach().double(), _double(transitions), lengths, allowed)
     lengths_np = lengths.cpu().numpy()
