@@ -22,6 +22,7 @@ from spacy.util import registry
 from thinc.api import Model
 from thinc.types import Floats2d, Ints1d, Ints2d
 
+from .doc_constraints import sentence_start_flags
 from .head_model import (
     HeadInput, build_head, eval_mode, is_initialized, make_head_model, padded_torch_inputs,
     torch_head,
@@ -233,7 +234,9 @@ def forward(model: Model[ModelInput, Any], X: Union[ModelInput, List[Doc]], is_t
         return 0.0, lambda dY: []
     Xs, backprop_tok2vec = model.get_ref("tok2vec")(docs, is_train)
     words = word_ids(docs) if model.attrs["word_pool"] else None
-    head_input = HeadInput(Xs, X.gold, X.mask, words, X.filter_margin, X.options)
+    # prediction only: the gold entities of training never cross a boundary of the reference
+    starts = sentence_flags(docs) if X.gold is None else None
+    head_input = HeadInput(Xs, X.gold, X.mask, words, X.filter_margin, X.options, starts)
     Y, backprop_head = model.get_ref("head")(head_input, is_train)
 
     def backprop(dY):
@@ -264,6 +267,14 @@ def word_ids(docs: List[Doc]) -> List[Ints1d]:
     # slices, not numpy.split, which costs several Python-level calls per document
     ends = numpy.cumsum([len(h) for h in hashes]).tolist()
     return [ids[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def sentence_flags(docs: List[Doc]) -> Optional[List[Optional[numpy.ndarray]]]:
+    """Each document's sentence starts (:func:`~.doc_constraints.sentence_start_flags`), for
+    the heads' ``sentence_starts``; None when no document has sentence boundaries, so that a
+    batch without them costs nothing more."""
+    flags = [sentence_start_flags(doc) for doc in docs]
+    return None if all(f is None for f in flags) else flags
 
 
 def init(model: Model, X: Union[ModelInput, List[Doc], None] = None, Y: Any = None) -> None:
@@ -317,7 +328,8 @@ def model_nbest(
     Xs = model.get_ref("tok2vec").predict(docs)
     words = word_ids(docs) if model.attrs["word_pool"] else None
     head_model = model.get_ref("head")
-    X, lengths, kwargs = padded_torch_inputs(head_model, HeadInput(Xs, words=words))
+    inputs = HeadInput(Xs, words=words, sentence_starts=sentence_flags(docs))
+    X, lengths, kwargs = padded_torch_inputs(head_model, inputs)
     if filter_margin:
         kwargs["filter_margin"] = float(filter_margin)
     head = torch_head(head_model)

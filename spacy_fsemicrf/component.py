@@ -36,7 +36,7 @@ from .architectures import ModelInput, model_is_initialized, model_nbest, model_
 from .augment import AUGMENTED, ORIGINAL_ENTITIES
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
 from .doc_constraints import (
-    check_constraints, constraints_of_docs, doc_own_constraints, explain_occupied,
+    check_constraints, constraints_of_docs, doc_own_constraints, explain_unmet_forces,
     sentence_scope_unsegmented, true_runs)
 from .scorer import ner_score
 from .structured.constrained import ConstraintReport, empty_document_report
@@ -682,7 +682,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if constraints is None:
             return found
         return found._replace(constraints=constraints,
-                              reports=explain_occupied(docs, found.reports, constraints))
+                              reports=explain_unmet_forces(docs, found.reports, constraints))
 
     def set_annotations(self, docs: Iterable[Doc], prediction: BatchPrediction) -> None:
         """Write the output of :meth:`predict`: the entities scoring at least ``threshold``

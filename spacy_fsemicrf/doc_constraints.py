@@ -29,11 +29,22 @@ USER_DATA_KEY = "fsemicrf_constraints"
 """The ``doc.user_data`` key of a document's own constraints."""
 
 
+def sentence_start_flags(doc: Doc) -> Optional[numpy.ndarray]:
+    """One bool per token: whether a sentence starts there (a ``senter``'s, ``parser``'s or
+    ``sentencizer``'s boundaries, as ``doc.sents`` reads them); None for a document without
+    sentence boundaries."""
+    if not doc.has_annotation("SENT_START"):
+        return None
+    # SENT_START is 1 at a start, -1 (as uint64) inside a sentence, 0 where not set
+    return doc.to_array("SENT_START").view("int64") == 1
+
+
 def sentence_starts(doc: Doc) -> Tuple[int, ...]:
     """The token offsets where the document's sentences start (empty: one sentence)."""
-    if not doc.has_annotation("SENT_START"):
+    flags = sentence_start_flags(doc)
+    if flags is None or not len(flags):
         return ()
-    return tuple(sent.start for sent in doc.sents)
+    return (0, *(numpy.flatnonzero(flags[1:]) + 1).tolist())  # the first token starts one
 
 
 def constraints_of_docs(
@@ -67,17 +78,20 @@ def constraints_of_docs(
         if not found:
             out.append(None)
             continue
-        occupied = occupied_runs(doc)
-        if occupied:
-            # the entities already on the doc and the blocked tokens keep predicted entities
-            # off their tokens (set_entities): the decoder must avoid them, or an entity the
-            # constraints need (a forced span, a count) would be left out of doc.ents unsaid
-            found = found + tuple(ForbidLabels(start=a, end=b) for a, b in occupied)
+        starts = sentence_starts(doc)
+        # the entities already on the doc and the blocked tokens keep predicted entities off
+        # their tokens (set_entities): the decoder must avoid them, or an entity the
+        # constraints need (a forced span, a count) would be left out of doc.ents unsaid; and
+        # a span forced across a sentence boundary, where no entity is decoded, cannot hold
+        blocked = occupied_runs(doc) + [
+            (f.start, f.end + 1) for f in program.forces if crosses_sentence(f, starts)]
+        if blocked:
+            found = found + tuple(ForbidLabels(start=a, end=b) for a, b in blocked)
             program = compile_constraints(found, labels)
         # entities are trimmed of whitespace after decoding: none may start on it, so that
         # the constraints count the entities written
         spaces = tuple(token.i for token in doc if token.is_space)
-        out.append(DocConstraints(program, sentence_starts(doc), spaces))
+        out.append(DocConstraints(program, starts, spaces))
     return out if any(c is not None for c in out) else None
 
 
@@ -99,16 +113,22 @@ def true_runs(mask: numpy.ndarray) -> List[Tuple[int, int]]:
     return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
 
 
-def explain_occupied(
+def crosses_sentence(force: Any, starts: Sequence[int]) -> bool:
+    """Whether a forced span (``start``, ``end`` inclusive) holds a sentence start after its
+    first token (``starts``: the document's, :func:`sentence_starts`)."""
+    return any(force.start < s <= force.end for s in starts)
+
+
+def explain_unmet_forces(
     docs: Sequence[Doc],
     reports: Optional[List[Optional[ConstraintReport]]],
     constraints: Optional[List[Optional[DocConstraints]]],
 ) -> Optional[List[Optional[ConstraintReport]]]:
     """``reports`` where an infeasible document has a forced span on the tokens of an entity
-    already on it (or blocked ones): its reason names that span (the first by start, end and
-    label) as overlapping them, whatever reason the decoder gave. Such a span can never hold,
-    and those tokens are the one cause the user's constraints do not show: the decoder sees
-    them as the ``forbid_labels`` :func:`constraints_of_docs` added, and may name another
+    already on it (or blocked ones) or across a sentence boundary: its reason names that span
+    (the first by start, end and label) and why, whatever reason the decoder gave. Such a span
+    can never hold, and these are the causes the user's constraints do not show: the decoder
+    sees them as the ``forbid_labels`` :func:`constraints_of_docs` added, and may name another
     cause first (another forced span, one past the end, the user's own ``forbid_labels``)."""
     if reports is None or constraints is None:
         return reports
@@ -117,11 +137,15 @@ def explain_occupied(
         if report is None or found is None or report.status != "infeasible":
             continue
         runs = occupied_runs(doc)
-        hits = [f for f in found.program.forces if any(f.start < b and f.end >= a for a, b in runs)]
-        if hits:
-            f = min(hits)  # (start, end, label): the same span whatever order they were given in
-            out[d] = report._replace(reason=f"force_span {f.start}..{f.end + 1} overlaps an entity "
-                                            "already on the document or a blocked token")
+        occupied = [f for f in found.program.forces
+                    if any(f.start < b and f.end >= a for a, b in runs)]
+        crossing = [f for f in found.program.forces
+                    if crosses_sentence(f, found.sentence_starts)]
+        if occupied or crossing:
+            f = min(occupied + crossing)  # (start, end, label): whatever order they came in
+            why = ("overlaps an entity already on the document or a blocked token"
+                   if f in occupied else "crosses a sentence boundary")
+            out[d] = report._replace(reason=f"force_span {f.start}..{f.end + 1} {why}")
     return out
 
 

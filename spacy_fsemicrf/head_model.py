@@ -137,6 +137,9 @@ class HeadInput(NamedTuple):
     words: the tokens' word ids (one int array per document), for a head with ``word_pool``.
     filter_margin: prediction-time margin of the filtered head (log-odds).
     options: what a prediction returns besides the entities (None: only them).
+    sentence_starts: prediction only: one bool array per document, True where a sentence
+        starts (None for a document without sentence boundaries), or None for none: no entity
+        crosses a sentence boundary.
     """
 
     Xs: List[Floats2d]
@@ -145,6 +148,7 @@ class HeadInput(NamedTuple):
     words: Optional[List[Ints1d]] = None
     filter_margin: float = 0.0
     options: Optional[DecodeOptions] = None
+    sentence_starts: Optional[List[Optional[numpy.ndarray]]] = None
 
 
 class BatchPrediction(NamedTuple):
@@ -274,15 +278,18 @@ def _pad(model: Model, Xs: Sequence[Floats2d], lengths: numpy.ndarray):
     return padded
 
 
-def _pad_words(words: Sequence, lengths: numpy.ndarray, max_len: int) -> numpy.ndarray:
-    """The word ids in a ``[B, max_len]`` int64 array (0 at padding, which no head reads)."""
-    if len(words) and int(lengths.min()) == max_len:  # no padding
-        return numpy.stack([numpy.asarray(w[:max_len], dtype="int64") for w in words])
-    padded = numpy.zeros((len(words), max_len), dtype="int64")
-    for i, w in enumerate(words):
+def _pad_rows(
+    rows: Sequence, lengths: numpy.ndarray, max_len: int, dtype: str = "int64"
+) -> numpy.ndarray:
+    """One value per token of each document (word ids, sentence starts) in a ``[B, max_len]``
+    array (0 at padding, which no head reads, and for a row of None)."""
+    if len(rows) and int(lengths.min()) == max_len and all(r is not None for r in rows):
+        return numpy.stack([numpy.asarray(r[:max_len], dtype=dtype) for r in rows])
+    padded = numpy.zeros((len(rows), max_len), dtype=dtype)
+    for i, r in enumerate(rows):
         n = int(lengths[i])
-        if n:
-            padded[i, :n] = numpy.asarray(w[:n], dtype="int64")
+        if n and r is not None:
+            padded[i, :n] = numpy.asarray(r[:n], dtype=dtype)
     return padded
 
 
@@ -299,7 +306,7 @@ def _to_torch_args(
     lengths_t = _as_tensor(numpy.asarray(lengths, dtype="int64"), device)
     kwargs: Dict[str, Any] = {}
     if inputs.words is not None:
-        kwargs["words"] = _as_tensor(_pad_words(inputs.words, lengths, padded.shape[1]), device)
+        kwargs["words"] = _as_tensor(_pad_rows(inputs.words, lengths, padded.shape[1]), device)
     if inputs.gold is not None:
         gold = inputs.gold
         gold_np = gold if isinstance(gold, numpy.ndarray) else model.ops.to_numpy(gold)
@@ -310,6 +317,9 @@ def _to_torch_args(
             kwargs["filter_margin"] = float(inputs.filter_margin)
         if inputs.options is not None:
             kwargs["options"] = inputs.options
+        if inputs.sentence_starts is not None:
+            starts = _pad_rows(inputs.sentence_starts, lengths, padded.shape[1], "bool")
+            kwargs["sentence_starts"] = _as_tensor(starts, device)
     return ArgsKwargs(args=(Xt, lengths_t), kwargs=kwargs)
 
 
@@ -406,13 +416,16 @@ def _predict(model: Model, inputs: HeadInput, lengths: numpy.ndarray):
             sub = inputs  # the whole batch in one group
         else:
             words = None if inputs.words is None else [inputs.words[i] for i in group]
+            starts = (None if inputs.sentence_starts is None
+                      else [inputs.sentence_starts[i] for i in group])
             sub_options = None
             if options is not None:
                 constraints = options.constraints
                 sub_options = options._replace(
                     constraints=None if constraints is None else [constraints[i] for i in group])
             sub = HeadInput([inputs.Xs[i] for i in group], words=words,
-                            filter_margin=inputs.filter_margin, options=sub_options)
+                            filter_margin=inputs.filter_margin, options=sub_options,
+                            sentence_starts=starts)
         out = shim.predict(_to_torch_args(model, sub, lengths[group], False))
         parts.append((group, Prediction(*out) if options is None else out))
     spans, scores = _merge_rows([(g, p.spans, p.scores) for g, p in parts], in_order)

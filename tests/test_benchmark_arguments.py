@@ -203,6 +203,12 @@ def test_gpu_check_agree_writes_into_a_new_folder(files, monkeypatch):
     ("scale", ["{tmp}/model", "--repeats", "0"], "--repeats: must be at least 1, got 0"),
     ("scale", ["{tmp}/none"], "model {tmp}/none is not a pipeline directory"),
     ("scale", ["{tmp}/model", "--test", "{tmp}/none.spacy"], "--test: no such file"),
+    ("sentence_boundaries", ["--models", "a={tmp}/none", "--test", "{tmp}/test.spacy"],
+     "--models {tmp}/none is not a pipeline directory"),
+    ("sentence_boundaries", ["--models", "a={tmp}/model", "--test", "{tmp}/none.spacy"],
+     "--test: no such file"),
+    ("sentence_boundaries", ["--models", "a={tmp}/model", "--test", "{tmp}/test.spacy",
+                             "--batch-size", "0"], "--batch-size: must be at least 1, got 0"),
 ])
 def test_counts_below_one_and_missing_files_are_refused(files, capsys, monkeypatch, script, args,
                                                        message):
@@ -215,7 +221,7 @@ def test_counts_below_one_and_missing_files_are_refused(files, capsys, monkeypat
     if script.startswith("bench_") and script != "bench_long_docs":
         argv += ["--output", f"{files}/out/result.json"]
     monkeypatch.setattr(sys, "argv", [script] + argv)
-    main = module.parse_args if script == "scale" else module.main
+    main = module.parse_args if script in ("scale", "sentence_boundaries") else module.main
     assert message.format(tmp=files) in refused(lambda _: main(), None, capsys)
     assert not (files / "out").exists()
 

@@ -9,7 +9,7 @@ import spacy
 from spacy.tokens import Span
 
 from spacy_fsemicrf.doc_constraints import (
-    USER_DATA_KEY, constraints_of_docs, explain_occupied, occupied_runs)
+    USER_DATA_KEY, constraints_of_docs, explain_unmet_forces, occupied_runs)
 from spacy_fsemicrf.structured.constrained import ConstraintReport
 from spacy_fsemicrf.structured.constraints import (  # noqa: F401
     MAX_STATES, parse_constraints, satisfies)
@@ -445,7 +445,7 @@ def test_the_reason_names_the_preset_entity_only_for_a_span_forced_on_it():
                 {"kind": "forbid_labels", "labels": ["ORG"], "start": 0, "end": 8}]
         found, report = _decoded(doc, user)
         assert "forbid_labels" in report.reason
-        [out] = explain_occupied([doc], [report], [found])
+        [out] = explain_unmet_forces([doc], [report], [found])
         expected = f"force_span {start}..{end} {occupied}" if overlaps else report.reason
         assert out.reason == expected, (start, end)
         assert out._replace(reason="") == report._replace(reason="")
@@ -454,23 +454,23 @@ def test_the_reason_names_the_preset_entity_only_for_a_span_forced_on_it():
     first = _preset_doc([(0, 1, "PER")])
     found, report = _decoded(first, [{"kind": "force_span", "start": 7, "end": 9, "label": "ORG"}])
     assert report.reason == "force_span 7..9 ends past the document's 8 tokens"
-    assert explain_occupied([first], [report], [found]) == [report]
+    assert explain_unmet_forces([first], [report], [found]) == [report]
     user = [{"kind": "force_span", "start": 2, "end": 3, "label": "ORG"}]
     found, report = _decoded(doc, user)
     for other in (report._replace(status="optimal"), report._replace(status="satisfied"), None):
-        assert explain_occupied([doc], [other], [found]) == [other]
-    assert explain_occupied([doc], [report], [None]) == [report]
-    assert explain_occupied([doc], None, [found]) is None
-    assert explain_occupied([doc], [report], None) == [report]
+        assert explain_unmet_forces([doc], [other], [found]) == [other]
+    assert explain_unmet_forces([doc], [report], [None]) == [report]
+    assert explain_unmet_forces([doc], None, [found]) is None
+    assert explain_unmet_forces([doc], [report], None) == [report]
     # each document by its own entities
     free = _preset_doc()
     user = [{"kind": "force_span", "start": 2, "end": 3, "label": "ORG"},
             {"kind": "forbid_labels", "labels": ["ORG"], "start": 2, "end": 3}]
     found_free, report_free = _decoded(free, user)
     found, report = _decoded(_preset_doc([(2, 3, "PER")]), user)
-    out = explain_occupied([free, doc], [report_free, report], [found_free, found])
+    out = explain_unmet_forces([free, doc], [report_free, report], [found_free, found])
     assert out[0] == report_free and out[1].reason == f"force_span 2..3 {occupied}"
-    out = explain_occupied([free, doc], [None, report], [None, found])  # one without any
+    out = explain_unmet_forces([free, doc], [None, report], [None, found])  # one without any
     assert out[0] is None and out[1].reason == f"force_span 2..3 {occupied}"
 
 
@@ -495,7 +495,7 @@ def test_a_span_forced_on_a_preset_entity_is_named_whatever_else_fails(user, dec
     doc = _preset_doc([(2, 3, "PER")])  # token 2 taken
     found, report = _decoded(doc, user)
     assert report.reason.startswith(f"force_span {decoder}")
-    [out] = explain_occupied([doc], [report], [found])
+    [out] = explain_unmet_forces([doc], [report], [found])
     assert out == report._replace(
         reason=f"force_span {named} overlaps an entity already on the document or a blocked token")
 
@@ -511,5 +511,5 @@ def test_the_reason_names_the_first_span_forced_on_a_preset_entity_from_the_data
     found, report = _decoded(doc, user)
     expected = "force_span 1..3 overlaps an entity already on the document or a blocked token"
     for reason in (report.reason, "no segmentation obeys the count and pair constraints", ""):
-        [out] = explain_occupied([doc], [report._replace(reason=reason)], [found])
+        [out] = explain_unmet_forces([doc], [report._replace(reason=reason)], [found])
         assert out.reason == expected, reason

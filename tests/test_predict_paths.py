@@ -10,7 +10,7 @@ from spacy.vocab import Vocab
 from thinc.api import Model, NumpyOps
 
 from spacy_fsemicrf.component import _doc_bounds, set_entities
-from spacy_fsemicrf.head_model import _in_batch_order, _merge_rows, _pad, _pad_words
+from spacy_fsemicrf.head_model import _in_batch_order, _merge_rows, _pad, _pad_rows
 import pytest
 
 from spacy_fsemicrf.structured import heads as heads_module
@@ -33,8 +33,8 @@ def test_pad_without_padding_equals_the_row_by_row_copy():
     mixed = _pad(_width_model(3), Xs[:2] + [Xs[2][:2]], numpy.array([4, 4, 2]))
     assert numpy.array_equal(mixed[2, :2], Xs[2][:2]) and not mixed[2, 2:].any()
     words = [numpy.arange(4) + i for i in range(3)]
-    assert numpy.array_equal(_pad_words(words, lengths, 4), numpy.stack(words))
-    assert _pad_words(words[:2] + [words[2][:2]], numpy.array([4, 4, 2]), 4)[2].tolist() == [2, 3, 0, 0]
+    assert numpy.array_equal(_pad_rows(words, lengths, 4), numpy.stack(words))
+    assert _pad_rows(words[:2] + [words[2][:2]], numpy.array([4, 4, 2]), 4)[2].tolist() == [2, 3, 0, 0]
 
 
 def test_document_mean_without_padding_is_the_masked_mean_bit_for_bit():

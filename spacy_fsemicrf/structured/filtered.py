@@ -36,7 +36,13 @@ from .compaction import (
     to_device,
 )
 from .semiring import lse, logaddexp, masked_fill_neg, neg_value, wide
-from .spans import check_lengths, overlap_mask, span_ends
+from .spans import (
+    check_lengths,
+    check_sentence_starts,
+    crossing_spans,
+    overlap_mask,
+    span_ends,
+)
 
 
 # ----------------------------------------------------------------------------- node sets
@@ -186,6 +192,21 @@ def inference_node_set(
     index, labels = _filter(local_scores, lengths, margin)
     scores = wide(label_planes(global_scores)[labels, index])
     return NodeSet(index, labels, scores, tuple(local_scores.shape[:3]))
+
+
+def within_sentences(nodes: NodeSet, sentence_starts: Optional[torch.Tensor]) -> NodeSet:
+    """``nodes`` without those that cross a sentence boundary (``sentence_starts [B, L]``,
+    :func:`~.spans.crossing_spans`): no entity of the graph's paths then does. ``nodes``
+    itself without ``sentence_starts`` or where no node crosses one."""
+    if sentence_starts is None:
+        return nodes
+    B, L, K = nodes.shape
+    check_sentence_starts(sentence_starts, (B, L))
+    crossing = crossing_spans(sentence_starts.to(nodes.index.device), K).view(-1)
+    keep = ~crossing[nodes.index]
+    if bool(keep.all()):
+        return nodes
+    return NodeSet(nodes.index[keep], nodes.labels[keep], nodes.scores[keep], nodes.shape)
 
 
 def training_nodes(

@@ -40,6 +40,7 @@ from .linear_crf import (
     crf_score,
     crf_span_marginals,
     crf_viterbi,
+    sentence_emissions,
     spans_to_tags,
     tag_scheme,
     tags_to_spans,
@@ -63,6 +64,8 @@ from .spans import (
     check_number,
     check_probability,
     check_rows_type,
+    check_sentence_starts,
+    crossing_spans,
     document_mean,
     gold_label_grid,
     grid_chunks,
@@ -381,18 +384,21 @@ class FilteredSemiCRFHead(nn.Module):
         filter_margin: float = 0.0,
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
         """Training with ``gold`` (rows ``(doc, start, end inclusive, label 1..M)`` that segment
         each document): the summed loss, a scalar. Without: the decoded ``(spans [N, 4],
         confidences [N])``, or with ``options`` the whole :class:`Prediction` (path
         probabilities, candidates, constrained decoding). ``X [B, L, D]`` are the token vectors
         of documents of ``lengths``; ``words`` their word ids (with ``word_pool``);
-        ``filter_margin`` as in the class docstring."""
+        ``filter_margin`` as in the class docstring. With ``sentence_starts`` (``BoolTensor
+        [B, L]``, True at a token that starts a sentence; prediction only) no entity crosses a
+        sentence boundary: the spans that would are no candidates (as spaCy's ``ner``)."""
         tokens, local, glob = self._encode(X, lengths, words, predicting=gold is None)
         if gold is not None:
             return self.loss(local, glob, lengths, gold, tokens)
         prediction = self.decode(local, glob, lengths, filter_margin, options or DecodeOptions(),
-                                 tokens)
+                                 tokens, sentence_starts)
         return prediction if options is not None else prediction[:2]
 
     def loss(
@@ -479,10 +485,13 @@ class FilteredSemiCRFHead(nn.Module):
     def nodes(
         self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor,
         filter_margin: float = 0.0, tokens: Optional[torch.Tensor] = None,
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> filtered.NodeSet:
-        """The inference node set, with each node's global score (refined by the mean-field
-        layers, which read ``tokens``, if the head has them)."""
-        nodes = filtered.inference_node_set(local, glob, lengths, filter_margin)
+        """The inference node set (without the spans that cross a sentence boundary of
+        ``sentence_starts``, if given), with each node's global score (refined by the
+        mean-field layers, which read ``tokens``, if the head has them)."""
+        nodes = filtered.within_sentences(
+            filtered.inference_node_set(local, glob, lengths, filter_margin), sentence_starts)
         refined = self.refine(glob, nodes.index, nodes.labels, tokens)
         return nodes if refined is None else nodes._replace(scores=refined)
 
@@ -494,14 +503,16 @@ class FilteredSemiCRFHead(nn.Module):
         filter_margin: float = 0.0,
         options: DecodeOptions = DecodeOptions(),
         tokens: Optional[torch.Tensor] = None,
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> Prediction:
         """The best path of the filtered graph of ``filter_margin`` and what ``options`` asks
-        for besides, from the local and global span scores ``[B, L, K, C]``."""
+        for besides, from the local and global span scores ``[B, L, K, C]``; no entity
+        crosses a sentence boundary of ``sentence_starts`` (as in :meth:`forward`)."""
         # (decode is public: the filter checks the lengths against the scores)
         if torch.is_grad_enabled():  # predictions carry no graph, as the other heads'
             local, glob = local.detach(), glob.detach()
             tokens = None if tokens is None else tokens.detach()
-        nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
+        nodes = self.nodes(local, glob, lengths, filter_margin, tokens, sentence_starts)
         T = self._transitions()
         if self.null_tokens:
             return self._decode_null_tokens(local, glob, nodes, options)
@@ -576,13 +587,16 @@ class FilteredSemiCRFHead(nn.Module):
         k: int,
         filter_margin: float = 0.0,
         words: Optional[torch.Tensor] = None,
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> List[List[Segmentation]]:
-        """The ``k`` best paths of each document's filtered graph, with their probabilities."""
+        """The ``k`` best paths of each document's filtered graph, with their probabilities
+        (no entity crossing a sentence boundary of ``sentence_starts``, as in
+        :meth:`forward`)."""
         if self.null_tokens:
             raise ValueError("n-best decoding is not available for a filtered head with "
                              "null_tokens = true")
         tokens, local, glob = self._encode(X, lengths, words, predicting=True)
-        nodes = self.nodes(local, glob, lengths, filter_margin, tokens)
+        nodes = self.nodes(local, glob, lengths, filter_margin, tokens, sentence_starts)
         return filtered_nbest(nodes, lengths, self._transitions(), k)
 
     @torch.no_grad()
@@ -655,6 +669,7 @@ class SemiCRFHead(nn.Module):
         gold: Optional[torch.Tensor] = None,
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
         """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
         scores = self.span_scores(X, lengths, words)
@@ -662,16 +677,23 @@ class SemiCRFHead(nn.Module):
         if gold is not None:
             log_z = semicrf_log_partition(scores, lengths, T)
             return (log_z - semicrf_gold_score(scores, lengths, gold, T)).sum()
-        prediction = self.decode(scores.detach(), lengths, options or DecodeOptions())
+        prediction = self.decode(scores.detach(), lengths, options or DecodeOptions(),
+                                 sentence_starts)
         return prediction if options is not None else prediction[:2]
 
     def decode(
-        self, scores: torch.Tensor, lengths: torch.Tensor, options: DecodeOptions = DecodeOptions()
+        self,
+        scores: torch.Tensor,
+        lengths: torch.Tensor,
+        options: DecodeOptions = DecodeOptions(),
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> Prediction:
         """The best segmentation under the segment ``scores [B, L, K, C]`` and what
-        ``options`` asks for besides."""
+        ``options`` asks for besides; no entity crosses a sentence boundary of
+        ``sentence_starts`` (as in :meth:`FilteredSemiCRFHead.forward`)."""
         check_lengths(lengths, tuple(scores.shape[:2]), "the scores")
         check_scores(scores)
+        scores = _within_sentences(scores, sentence_starts)
         T = None if self.transitions is None else wide(self.transitions.detach())
         spans, best = semicrf_viterbi(scores, lengths, T)
         reports = None
@@ -696,13 +718,28 @@ class SemiCRFHead(nn.Module):
 
     @torch.no_grad()
     def nbest(
-        self, X: torch.Tensor, lengths: torch.Tensor, k: int, words: Optional[torch.Tensor] = None
+        self, X: torch.Tensor, lengths: torch.Tensor, k: int, words: Optional[torch.Tensor] = None,
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> List[List[Segmentation]]:
-        """The ``k`` best segmentations of each document, with their probabilities."""
+        """The ``k`` best segmentations of each document, with their probabilities (no entity
+        crossing a sentence boundary of ``sentence_starts``)."""
         T = None if self.transitions is None else wide(self.transitions.detach())
         scores = self.span_scores(X, lengths, words)
         check_scores(scores)
-        return semicrf_nbest(scores, lengths, T, k)
+        return semicrf_nbest(_within_sentences(scores, sentence_starts), lengths, T, k)
+
+
+def _within_sentences(
+    scores: torch.Tensor, sentence_starts: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """Segment ``scores [B, L, K, C]`` with the segments that cross a sentence boundary of
+    ``sentence_starts`` at -inf: in no segmentation with any probability (the search and the
+    n-best leave them out). Null segments have width 1 and cross nothing."""
+    if sentence_starts is None:
+        return scores
+    check_sentence_starts(sentence_starts, tuple(scores.shape[:2]))
+    crossing = crossing_spans(sentence_starts.to(scores.device), scores.shape[2])
+    return scores.masked_fill(crossing.unsqueeze(-1), -math.inf)
 
 
 class LinearCRFHead(nn.Module):
@@ -756,6 +793,7 @@ class LinearCRFHead(nn.Module):
         gold: Optional[torch.Tensor] = None,
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
         """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
         emissions = self.emissions(X, lengths, words)
@@ -766,16 +804,23 @@ class LinearCRFHead(nn.Module):
             tags = spans_to_tags(gold.to(emissions.device), lengths, X.shape[1], self.scheme)
             log_z = crf_log_partition(emissions, T, lengths, allowed)
             return (log_z - crf_score(emissions, T, tags, lengths, allowed)).sum()
-        prediction = self.decode(emissions.detach(), lengths, options or DecodeOptions())
+        prediction = self.decode(emissions.detach(), lengths, options or DecodeOptions(),
+                                 sentence_starts)
         return prediction if options is not None else prediction[:2]
 
     def decode(
-        self, emissions: torch.Tensor, lengths: torch.Tensor, options: DecodeOptions = DecodeOptions()
+        self,
+        emissions: torch.Tensor,
+        lengths: torch.Tensor,
+        options: DecodeOptions = DecodeOptions(),
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> Prediction:
         """The best valid tag sequence under ``emissions [B, L, n_tags]``, as entities, and
-        what ``options`` asks for besides."""
+        what ``options`` asks for besides; no entity crosses a sentence boundary of
+        ``sentence_starts`` (as in :meth:`FilteredSemiCRFHead.forward`)."""
         check_lengths(lengths, tuple(emissions.shape[:2]), "the emissions")
         check_scores(emissions)
+        emissions = sentence_emissions(emissions, sentence_starts, self.scheme)
         T = wide(self.transitions.detach())
         allowed = self.allowed.to(emissions.device)
         tags, best = crf_viterbi(emissions, T, lengths, allowed)
@@ -804,13 +849,16 @@ class LinearCRFHead(nn.Module):
 
     @torch.no_grad()
     def nbest(
-        self, X: torch.Tensor, lengths: torch.Tensor, k: int, words: Optional[torch.Tensor] = None
+        self, X: torch.Tensor, lengths: torch.Tensor, k: int, words: Optional[torch.Tensor] = None,
+        sentence_starts: Optional[torch.Tensor] = None,
     ) -> List[List[Segmentation]]:
-        """The ``k`` best tag sequences of each document, as entities, with their probabilities."""
+        """The ``k`` best tag sequences of each document, as entities, with their probabilities
+        (no entity crossing a sentence boundary of ``sentence_starts``)."""
         allowed = self.allowed.to(X.device)
         T = wide(self.transitions.detach())
         emissions = self.emissions(X, lengths, words)
         check_scores(emissions)
+        emissions = sentence_emissions(emissions, sentence_starts, self.scheme)
         return crf_nbest(emissions, T, lengths, self.scheme, k, allowed)
 
 

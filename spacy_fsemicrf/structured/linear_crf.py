@@ -14,6 +14,7 @@ Forward, backward and Viterbi loop over positions, batched over documents; a doc
 than the batch carries its state unchanged through the padding.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
@@ -23,6 +24,7 @@ from .semiring import NEG, logsumexp, lse, masked_fill_neg, neg_value
 from .spans import (
     check_gold_spans,
     check_integer,
+    check_sentence_starts,
     check_span_rows,
     token_coverage,
     token_mask,
@@ -33,6 +35,7 @@ __all__ = [
     "tag_scheme",
     "spans_to_tags",
     "tags_to_spans",
+    "sentence_emissions",
     "crf_log_partition",
     "crf_score",
     "crf_viterbi",
@@ -128,6 +131,21 @@ def spans_to_tags(
         )
     in_doc = token_mask(lengths, length)
     return torch.where((tok_label > 0) & in_doc, tags, torch.zeros_like(tags))
+
+
+def sentence_emissions(
+    emissions: torch.Tensor, sentence_starts: Optional[torch.Tensor], scheme: TagScheme
+) -> torch.Tensor:
+    """``emissions [B, L, n_tags]`` with the tags that continue an entity (``I``, and ``L`` in
+    BILUO) at -inf on the tokens that start a sentence (``sentence_starts [B, L]``): no entity
+    crosses a sentence boundary, and a tag that needs the next token to continue it has no
+    way on there either. ``emissions`` itself without ``sentence_starts``."""
+    if sentence_starts is None:
+        return emissions
+    check_sentence_starts(sentence_starts, tuple(emissions.shape[:2]))
+    inside = torch.tensor([kind in "IL" for kind in scheme.kinds], device=emissions.device)
+    starts = sentence_starts.to(emissions.device).unsqueeze(-1)
+    return emissions.masked_fill(starts & inside, -math.inf)
 
 
 def tags_to_spans(tags: torch.Tensor, lengths: torch.Tensor, scheme: TagScheme) -> torch.Tensor:

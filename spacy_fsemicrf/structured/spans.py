@@ -99,6 +99,40 @@ def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tenso
     return ends.unsqueeze(0) < lengths.view(-1, 1, 1)
 
 
+def crossing_spans(sentence_starts: torch.Tensor, max_width: int) -> torch.Tensor:
+    """``BoolTensor[B, L, K]``: which grid entries cross a sentence boundary, for the
+    ``sentence_starts [B, L]`` of a padded batch (True at a token that starts a sentence):
+    span ``i..i + w`` when a sentence starts at one of its tokens after the first. A start at
+    a span's first token crosses nothing, so the first token of a document may be True or
+    not. Entries past the grid's end read as ending at its last token (they are no candidates
+    anyway)."""
+    check_sentence_starts(sentence_starts)
+    B, L = sentence_starts.shape
+    if L == 0:
+        return sentence_starts.new_zeros((B, 0, max_width))
+    # the sentences started up to each token: a span crosses where its last token has more
+    count = sentence_starts.long().cumsum(1)
+    ends = span_ends(L, max_width, sentence_starts.device).clamp(max=L - 1)
+    return count[:, ends] > count.unsqueeze(-1)
+
+
+def check_sentence_starts(
+    sentence_starts: torch.Tensor, shape: Optional[Tuple[int, int]] = None
+) -> None:
+    """A ``ValueError`` unless ``sentence_starts`` is a 2-d ``BoolTensor``, of the batch's
+    ``shape`` ``(B, L)`` if given: another shape would read the boundaries of other tokens."""
+    if (not isinstance(sentence_starts, torch.Tensor) or sentence_starts.dtype != torch.bool
+            or sentence_starts.dim() != 2
+            or (shape is not None and tuple(sentence_starts.shape) != tuple(shape))):
+        want = "[B, L]" if shape is None else list(shape)
+        raise ValueError(
+            f"sentence_starts must be a BoolTensor {want}, True at the tokens that start a "
+            f"sentence, got {type(sentence_starts).__name__} "
+            f"{getattr(sentence_starts, 'dtype', '')} "
+            f"{tuple(getattr(sentence_starts, 'shape', ()))}"
+        )
+
+
 def token_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
     """``BoolTensor[B, L]``: which positions of the padded batch are tokens of their document."""
     return torch.arange(length, device=lengths.device).view(1, -1) < lengths.view(-1, 1)
