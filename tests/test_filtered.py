@@ -747,9 +747,11 @@ def test_int32_labels_are_read_as_long_ones_on_the_scan_too():
     (-1, (4, 4), r"^node labels must lie in 0\.\.2 for \(4, 4\) transitions, got -1$"),
     (2, (3, 3), r"^node labels must lie in 0\.\.1 for \(3, 3\) transitions, got 2$"),
     (1.0, (4, 4), r"^node labels must be an integer tensor, got torch.float64$"),
+    (True, (4, 4), r"^node labels must be an integer tensor, got torch.bool$"),
+    (1j, (4, 4), r"^node labels must be an integer tensor, got torch.complex64$"),
     (1, (4, 3), r"^transitions must be \[C \+ 1, C \+ 1\] for C labels, null included "
                 r"\(the last row from START, the last column to END\), got \(4, 3\)$"),
-], ids=["START", "negative", "too-small", "float", "not-square"])
+], ids=["START", "negative", "too-small", "float", "bool", "complex", "not-square"])
 def test_labels_that_the_transitions_do_not_have_are_a_clear_error(labels, transitions, message):
     """Label C (or -1, wrapping around) read the START row and END column: path_score gave a
     wrong score without an error, and the solvers failed deep inside."""
@@ -765,6 +767,70 @@ def test_labels_that_the_transitions_do_not_have_are_a_clear_error(labels, trans
                  lambda: filtered_viterbi(scores, mask, grid, T)):
         with pytest.raises(ValueError, match=message):
             call()
+
+
+@pytest.mark.parametrize("low, high, shown", [(-1, 3, -1), (0, 3, 3), (-2, 0, -2)])
+def test_the_label_error_names_a_negative_label_first_else_the_highest(low, high, shown):
+    """The label named is one the grid holds outside 0..C - 1: the lowest when it is negative,
+    else the highest (a grid of labels 0 and 3 is wrong for its 3, not for its 0)."""
+    mask = torch.zeros(1, 4, 2, dtype=torch.bool)
+    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 1] = True
+    scores = torch.zeros((1, 4, 2), dtype=DTYPE)
+    grid = torch.full((1, 4, 2), low)
+    grid[0, 2, 1] = high
+    T = torch.zeros((4, 4), dtype=DTYPE)
+    path = mask.clone()
+    path[0, 1, 0] = False
+    message = rf"^node labels must lie in 0\.\.2 for \(4, 4\) transitions, got {shown}$"
+    for call in (lambda: path_score(scores, path, grid, T),
+                 lambda: filtered_log_partition(scores, mask, grid, T),
+                 lambda: filtered_viterbi(scores, mask, grid, T)):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+@pytest.mark.parametrize("C", [1, 3])
+def test_label_zero_and_a_transition_matrix_of_one_label_are_taken(C):
+    """Labels lie in 0..C - 1, null (0) included, and C may be 1 (the null label alone): the
+    check refused neither before, and scores them as the enumeration does."""
+    gen = torch.Generator().manual_seed(C)
+    mask = torch.zeros(1, 5, 2, dtype=torch.bool)
+    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 0] = mask[0, 3, 1] = True
+    scores = torch.randn((1, 5, 2), generator=gen, dtype=DTYPE)
+    labels = torch.randint(0, C, (1, 5, 2), generator=gen) * mask
+    labels[0, 0, 1] = 0
+    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE)
+    grid = doc_nodes(mask, 0)
+    enum = filtered_enumerate([(i, i + w, int(labels[0, i, w]), float(scores[0, i, w]))
+                               for i, w in grid], T)
+    assert filtered_log_partition(scores, mask, labels, T).item() == pytest.approx(
+        enum.log_z, abs=1e-9)
+    best, _ = filtered_viterbi(scores, mask, labels, T)
+    assert tuple(i for i, (s, w) in enumerate(grid) if best[0, s, w]) in enum.best_paths
+    path = torch.zeros_like(mask)
+    path[0, 0, 1] = path[0, 2, 0] = path[0, 3, 1] = True  # 0..1, 2, 3..4
+    chosen = [grid.index((0, 1)), grid.index((2, 0)), grid.index((3, 1))]
+    [total] = [t for p, t in enum.paths if list(p) == chosen]
+    assert path_score(scores, path, labels, T).item() == pytest.approx(total, abs=1e-9)
+
+
+def test_a_half_precision_node_set_node_at_minus_infinity_is_on_no_path():
+    """float16 cannot hold the float32 bound for -inf scores: a node set in half precision (a
+    head converted with .half()) is bounded at its own, and solves as in float64."""
+    mask = torch.zeros(1, 6, 2, dtype=torch.bool)
+    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 1, 1] = mask[0, 3, 0] = mask[0, 4, 0] = True
+    index = mask.view(-1).nonzero().squeeze(1)
+    scores = torch.tensor([0.5, -math.inf, 0.25, -0.5, 1.0], dtype=DTYPE)
+    labels = torch.tensor([1, 2, 1, 1, 2])
+    nodes = NodeSet(index, labels, scores, (1, 6, 2))
+    half = nodes._replace(scores=scores.half())
+    for mode in ("log_z", "marginals"):
+        want, got = solve_node_set(nodes, None, mode), solve_node_set(half, None, mode)
+        assert got.total.dtype == torch.float16
+        assert got.total.tolist() == pytest.approx(want.total.tolist(), abs=1e-2)
+        if mode == "marginals":
+            assert got.marginals[1].item() == 0.0
+            assert got.marginals.tolist() == pytest.approx(want.marginals.tolist(), abs=1e-2)
 
 
 def test_grids_of_other_shapes_are_a_clear_error_naming_them():

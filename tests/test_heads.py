@@ -1009,6 +1009,20 @@ def test_the_heads_parts_refuse_bad_sizes_at_construction():
             build()
 
 
+@pytest.mark.parametrize("name", ["SemiCRF", "LinearCRF"])
+def test_a_baseline_head_of_no_entity_label_has_one_path(name):
+    """n_labels = 0 is allowed, as the refusal of a negative count says: a head of null
+    segments (O tags) only, whose one path costs no loss and decodes no entity."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, 0, max_width=K)
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 3])
+    assert head(X, lengths, torch.zeros((0, 4), dtype=torch.long)).item() == pytest.approx(0.0)
+    with torch.no_grad():
+        head.eval()
+        scores = head.span_scores(X, lengths) if name == "SemiCRF" else head.emissions(X, lengths)
+        assert head.decode(scores, lengths).spans.shape == (0, 4)
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"null_tokens": True}, {"mean_field": 1}])
 def test_filtered_decode_of_scores_with_a_graph_returns_no_graph(kwargs):
     """``decode`` is public: given span scores that carry a graph (say the training step's),

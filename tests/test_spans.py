@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spacy_fsemicrf.structured import spans as spans_module
+from spacy_fsemicrf.structured.linear_crf import crf_span_marginals, tag_scheme
 from spacy_fsemicrf.structured.semiring import NEG, logsumexp
 from spacy_fsemicrf.structured.spans import (
     SPAN_REPRS,
@@ -70,6 +71,19 @@ def test_gold_label_grid_places_labels_and_rejects_bad_spans():
 def test_span_rows_that_do_not_fit_are_refused(rows, lengths, message):
     with pytest.raises(ValueError, match=message):
         check_span_rows(torch.tensor(rows), torch.tensor(lengths), 5, what="span")
+
+
+def test_span_rows_that_are_not_a_tensor_are_named_as_what_they_are():
+    """The type error names the rows as the caller does: the linear CRF's span marginals take
+    spans, not gold spans."""
+    message = r"^spans must be a tensor of rows \(doc, start, end, label\), \[N, 4\], got list$"
+    with pytest.raises(TypeError, match=message):
+        check_span_rows([[0, 0, 1, 1]], torch.tensor([5]), 5, what="span")
+    ts = tag_scheme(2, "BIO")
+    emissions = torch.zeros((1, 5, ts.n_tags))
+    T = torch.zeros((ts.n_tags + 1, ts.n_tags + 1))
+    with pytest.raises(TypeError, match=message):
+        crf_span_marginals(emissions, T, torch.tensor([5]), [[0, 0, 1, 1]], ts)
 
 
 def test_no_span_rows_in_any_empty_shape_are_no_rows():
