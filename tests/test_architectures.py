@@ -415,6 +415,36 @@ def test_a_saved_head_s_record_and_what_loading_says_about_it():
         "Unknown head 'Filtered'; expected one of ['FilteredSemiCRF', 'LinearCRF', 'SemiCRF']")
 
 
+def test_weights_that_do_not_fit_their_record_are_named_in_one_line():
+    """torch's reason is kept on one line, in the parentheses, without its own full stop: its
+    message spans lines and tabs, which a log line of the error would break up."""
+    import io
+
+    import srsly
+    import torch
+
+    from spacy_fsemicrf.serialize import deserialize_head, instantiate_head, serialize_head
+
+    kwargs = {"max_width": 3, "hidden_width": 8, "context_depth": 0}
+    spec = {"arch": "FilteredSemiCRF", "kwargs": kwargs}
+    record = srsly.msgpack_loads(serialize_head(instantiate_head("FilteredSemiCRF", kwargs, 6, 2)))
+    state = torch.load(io.BytesIO(record["state"]), weights_only=True)
+    extra = {**state, "extra.weight": torch.zeros(2)}
+    for weights, reason in (
+        (extra, 'Error(s) in loading state_dict for FilteredSemiCRFHead: Unexpected key(s) in '
+                'state_dict: "extra.weight"'),
+        (list(state.values()), "Expected state_dict to be dict-like, got <class 'list'>"),
+    ):
+        buf = io.BytesIO()
+        torch.save(weights, buf)
+        with pytest.raises(ValueError) as err:
+            deserialize_head(spec, None, srsly.msgpack_dumps({**record, "state": buf.getvalue()}),
+                             torch.device("cpu"))
+        assert str(err.value) == (
+            "Cannot load the fsemicrf_ner head: its weights do not fit the head its record "
+            f"describes ({reason}). Save the pipeline again, or reinstall its package.")
+
+
 def test_a_head_saved_on_a_gpu_loads_on_the_device_it_is_loaded_for(monkeypatch):
     """Weights whose record says ``cuda:0`` (saved from a GPU) load onto the CPU asked for, as
     on a machine without a GPU, where torch.load alone refuses them."""
