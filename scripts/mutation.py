@@ -76,6 +76,7 @@ GROUPS: Dict[str, Group] = {
             "tests/test_null_tokens.py",
             "tests/test_mean_field.py",
             "tests/test_predict_paths.py",
+            "tests/test_sentence_boundaries.py",
         ],
         # the toy-task trainings and 40 s of long-document gradients would dominate every
         # head mutant (the losses and decodes are checked exactly by test_head_distributions),
@@ -100,6 +101,7 @@ GROUPS: Dict[str, Group] = {
             "tests/test_component_constraints.py",
             "tests/test_nbest.py",
             "tests/test_predict_paths.py",
+            "tests/test_sentence_boundaries.py",
             "tests/test_augment.py",  # initialize leaves made-up names out of the seen ones
             "tests/test_null_tokens.py",  # a head without constrained decoding
         ],
@@ -124,6 +126,7 @@ GROUPS: Dict[str, Group] = {
             "tests/test_calibration.py",
             "tests/test_nbest.py",
             "tests/test_predict_paths.py",
+            "tests/test_sentence_boundaries.py",
         ],
         deselect=["two_processes"],  # a subprocess pipeline, as in the component's
     ),
