@@ -35,6 +35,10 @@ def sentence_start_flags(doc: Doc) -> Optional[numpy.ndarray]:
     sentence boundaries."""
     if not doc.has_annotation("SENT_START"):
         return None
+    if "sents" in doc.user_hooks:  # a hook's sentences are not in SENT_START: doc.sents has them
+        flags = numpy.zeros((len(doc),), dtype="bool")
+        flags[[sent.start for sent in doc.sents]] = True
+        return flags
     # SENT_START is 1 at a start, -1 (as uint64) inside a sentence, 0 where not set
     return doc.to_array("SENT_START").view("int64") == 1
 

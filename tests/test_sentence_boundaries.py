@@ -8,6 +8,7 @@ import spacy
 import torch
 from spacy.tokens import Doc, DocBin, Span
 
+from spacy_fsemicrf.doc_constraints import sentence_start_flags, sentence_starts
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 from spacy_fsemicrf.structured.prediction import DecodeOptions
 from spacy_fsemicrf.structured.spans import crossing_spans
@@ -200,6 +201,18 @@ def test_no_entity_crosses_a_sentence_boundary_of_the_document(trained):
     # a boundary before the name changes nothing it holds
     doc = trained(_with_starts(trained, TEXT, {0, 2}))
     assert "John Smith" in [e.text for e in doc.ents]
+
+
+def test_the_sentences_of_a_user_hook_are_read_as_doc_sents_gives_them(trained):
+    """A ``doc.user_hooks["sents"]`` hook sets no SENT_START: its sentences are read from
+    ``doc.sents``, for the entities and for the constraints of scope "sentence" alike."""
+    doc = trained.make_doc(TEXT)
+    doc.user_hooks["sents"] = lambda d: iter([d[0:1], d[1:]])
+    assert sentence_starts(doc) == (0, 1)
+    assert "John Smith" not in [e.text for e in trained(doc).ents]
+    empty = trained.make_doc("")
+    empty.user_hooks["sents"] = lambda d: iter([])
+    assert sentence_starts(empty) == () and not sentence_start_flags(empty).size
 
 
 def test_documents_with_and_without_sentences_in_one_batch_predict_as_alone(trained):
