@@ -162,6 +162,23 @@ def test_the_filtered_head_treats_a_crossing_span_as_one_its_filter_left_out(tra
             assert not any(_crosses(s, e, starts[b]) for s, e, _ in seg.spans)
 
 
+def test_the_filtered_head_gives_the_graph_without_the_crossing_node_not_a_restriction():
+    """Node ``0..0`` and node ``1..2`` make the graph's one path; with a sentence starting at
+    token 2 the path of ``0..0`` alone, which the whole graph gave no probability, has
+    probability 1 (docs/algorithm.md §5)."""
+    head = FilteredSemiCRFHead(D, M, max_width=K).double().eval()
+    local = torch.zeros((1, 3, K, M + 1), dtype=torch.float64)
+    local[..., 0] = 10.0  # every span null but the two nodes
+    local[0, 0, 0, 1] = local[0, 1, 1, 1] = 20.0
+    glob = torch.zeros_like(local)
+    lengths, starts = torch.tensor([3]), torch.tensor([[False, False, True]])
+    with torch.no_grad():
+        whole = head.decode(local, glob, lengths, 0.0, ALL)
+        split = head.decode(local, glob, lengths, 0.0, ALL, sentence_starts=starts)
+    assert whole.spans.tolist() == [[0, 0, 0, 1], [0, 1, 2, 1]] and float(whole.path[0]) == 1.0
+    assert split.spans.tolist() == [[0, 0, 0, 1]] and float(split.path[0]) == 1.0
+
+
 # ----------------------------------------------------------------------------- the component
 
 ARCHS = ["spacy-fsemicrf.FilteredSemiCRF.v1", "spacy-fsemicrf.SemiCRF.v1",
