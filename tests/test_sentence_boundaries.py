@@ -1,6 +1,7 @@
 """No entity across a sentence boundary: the heads' ``sentence_starts`` against enumeration of
 the segmentations (tag sequences) that keep every entity inside one sentence."""
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -62,14 +63,28 @@ def test_crossing_spans_are_those_with_a_sentence_start_after_their_first_token(
                 assert bool(crossing[b, i, w]) == _crosses(i, min(i + w, 6), starts[b])
 
 
-@pytest.mark.parametrize("bad", [torch.zeros((2, 6)), torch.zeros((2, 5), dtype=torch.bool),
-                                 [[True] * 6] * 2])
-def test_sentence_starts_that_are_not_a_bool_tensor_of_the_batch_are_refused(bad):
+def test_documents_of_no_token_or_one_cross_nothing():
+    assert crossing_spans(torch.ones((2, 0), dtype=torch.bool), 3).shape == (2, 0, 3)
+    one = crossing_spans(torch.ones((2, 1), dtype=torch.bool), 3)
+    assert one.shape == (2, 1, 3) and not one.any()
+
+
+@pytest.mark.parametrize("bad, got", [
+    (torch.zeros((2, 6)), "Tensor torch.float32 (2, 6)"),
+    (torch.zeros((2, 5), dtype=torch.bool), "Tensor torch.bool (2, 5)"),
+    ([[True] * 6] * 2, "list  ()"),
+])
+def test_sentence_starts_that_are_not_a_bool_tensor_of_the_batch_are_refused(bad, got):
+    """The error says what the batch needs and what it was given."""
     X, lengths, _ = _batch(0)
+    message = (r"^sentence_starts must be a BoolTensor \[2, 6\], True at the tokens that start "
+               rf"a sentence, got {re.escape(got)}$")
     for head in (FilteredSemiCRFHead(D, M, max_width=K), SemiCRFHead(D, M, max_width=K),
                  LinearCRFHead(D, M, max_width=K)):
-        with pytest.raises(ValueError, match="sentence_starts must be a BoolTensor"):
+        with pytest.raises(ValueError, match=message):
             head.double().eval()(X, lengths, sentence_starts=bad)
+    with pytest.raises(ValueError, match=r"^sentence_starts must be a BoolTensor \[B, L\], "):
+        crossing_spans(torch.zeros((2, 6)), K)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -284,3 +299,18 @@ def test_the_benchmark_counts_no_crossing_entity_with_the_boundaries_given(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("m, sentence boundaries not given: 1 of ")  # "John Smith"
     assert lines[1].startswith("m, sentence boundaries given: 0 of ")
+
+
+def test_spans_forced_from_a_sentence_start_are_met(trained):
+    """A boundary at a forced span's first token is no crossing: "John Smith" and "Google"
+    each open a sentence, and both are written."""
+    ner = trained.get_pipe("fsemicrf_ner")
+    ner.constraints = [{"kind": "force_span", "start": 0, "end": 2, "label": "PER"},
+                       {"kind": "force_span", "start": 4, "end": 5, "label": "ORG"}]
+    try:
+        doc = trained(_with_starts(trained, TEXT, {0, 4}))
+    finally:
+        ner.constraints = []
+    assert doc.spans["fsemicrf"].attrs["constraints"]["status"] != "infeasible"
+    ents = [(e.text, e.label_) for e in doc.ents]
+    assert ("John Smith", "PER") in ents and ("Google", "ORG") in ents
