@@ -34,7 +34,8 @@ def test_pad_without_padding_equals_the_row_by_row_copy():
     assert numpy.array_equal(mixed[2, :2], Xs[2][:2]) and not mixed[2, 2:].any()
     words = [numpy.arange(4) + i for i in range(3)]
     assert numpy.array_equal(_pad_rows(words, lengths, 4), numpy.stack(words))
-    assert _pad_rows(words[:2] + [words[2][:2]], numpy.array([4, 4, 2]), 4)[2].tolist() == [2, 3, 0, 0]
+    padded = _pad_rows(words[:2] + [words[2][:2]], numpy.array([4, 4, 2]), 4)
+    assert padded[2].tolist() == [2, 3, 0, 0]
 
 
 def test_document_mean_without_padding_is_the_masked_mean_bit_for_bit():
