@@ -274,7 +274,9 @@ def sentence_flags(docs: List[Doc]) -> Optional[List[Optional[numpy.ndarray]]]:
     the heads' ``sentence_starts``; None when no document has sentence boundaries, so that a
     batch without them costs nothing more."""
     flags = [sentence_start_flags(doc) for doc in docs]
-    return None if all(f is None for f in flags) else flags
+    # a start at the first token bounds nothing: a document of one sentence (or of 0 or 1
+    # token, which spaCy says have sentence boundaries) has none
+    return None if all(f is None or not f[1:].any() for f in flags) else flags
 
 
 def init(model: Model, X: Union[ModelInput, List[Doc], None] = None, Y: Any = None) -> None:

@@ -314,3 +314,19 @@ def test_spans_forced_from_a_sentence_start_are_met(trained):
     assert doc.spans["fsemicrf"].attrs["constraints"]["status"] != "infeasible"
     ents = [(e.text, e.label_) for e in doc.ents]
     assert ("John Smith", "PER") in ents and ("Google", "ORG") in ents
+
+
+def test_a_batch_of_documents_of_one_sentence_gives_the_heads_no_sentence_starts():
+    """spaCy says a document of 0 or 1 token has sentence boundaries, and a sentencizer marks
+    the first token of a one-sentence text: none of them has a boundary to keep an entity
+    from, so such a batch is decoded as one without sentences, at no extra cost."""
+    from spacy_fsemicrf.architectures import sentence_flags
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("sentencizer")
+    single = [nlp.make_doc(""), nlp.make_doc("Paris"), nlp("John Smith works for Google .")]
+    assert all(doc.has_annotation("SENT_START") for doc in single)
+    assert sentence_flags(single) is None
+    two = nlp("John Smith left . Mary stayed .")
+    flags = sentence_flags(single + [two])
+    assert flags[-1].tolist() == [True, False, False, False, True, False, False]
