@@ -196,9 +196,7 @@ def build_structured_model(
     # their first update, the linear CRF trained emissions that read no token vector; and
     # int() took a max_width of 2.5 for 2, which the linear CRF then kept
     for name in ("max_width", "hidden_width"):
-        check_integer(name, head_kwargs[name])
-        if head_kwargs[name] < 1:
-            raise ValueError(f"{name} must be at least 1, got {head_kwargs[name]}")
+        check_integer(name, head_kwargs[name], 1)
     max_width = int(head_kwargs["max_width"])
     _check_head_kwargs(arch, head_kwargs)
     head = make_head_model(arch, head_kwargs, mixed_precision=mixed_precision,

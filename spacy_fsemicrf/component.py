@@ -894,9 +894,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         # the saved cfg is read as it is: a string, a blank or a repeated label (cfg edited by
         # hand) would name the head's outputs wrongly, or with a string's characters, silently
         labels = self.cfg["labels"]
-        if not (isinstance(labels, (list, tuple))
-                and all(isinstance(label, str) and label.strip() for label in labels)
-                and len(set(labels)) == len(labels)):
+        try:  # the rules of labels given to the component, and no label twice
+            valid = len(set(check_labels(labels, self.name))) == len(labels)
+        except ValueError:
+            valid = False
+        if not valid:
             raise ValueError(
                 f"Cannot load the '{self.name}' component: the labels of its saved cfg are not a "
                 f"list of distinct non-empty strings ({labels!r}). Save the pipeline again, or "

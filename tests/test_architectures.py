@@ -189,7 +189,7 @@ def test_bad_settings_fail_when_the_config_is_resolved():
         nlp.add_pipe("fsemicrf_ner", name="k0", config={"model": model_config(max_width=0)})
     for arch in ARCHS:  # 0 would build, and fail (span heads) or learn nothing (linear CRF)
         for width in (0, -5):
-            with pytest.raises(ValueError, match="hidden_width must be at least 1"):
+            with pytest.raises(ValueError, match=rf"^hidden_width must be >= 1, got {width}$"):
                 nlp.add_pipe("fsemicrf_ner", name=f"h{width}",
                              config={"model": model_config(arch, hidden_width=width)})
 
