@@ -472,13 +472,18 @@ def test_saved_labels_that_are_not_distinct_strings_are_refused_on_loading(
 ):
     """A cfg edited by hand loaded as it was: a string's characters, a blank or a repeated
     label named the head's outputs wrongly without an error."""
-    nlp, _ = initialized
-    path = tmp_path / "ner"
-    nlp.get_pipe("fsemicrf_ner").to_disk(path, exclude=["vocab"])
-    srsly.write_json(path / "cfg", {**srsly.read_json(path / "cfg"), "labels": labels})
     error = (r"^Cannot load the 'fsemicrf_ner' component: the labels of its saved cfg are not a "
              r"list of distinct non-empty strings \(.+\)\. Save the pipeline again, or reinstall "
              r"its package\.$")
+    _refused_with_cfg(initialized[0], tmp_path, {"labels": labels}, error)
+
+
+def _refused_with_cfg(nlp, tmp_path, edit, error: str) -> None:
+    """The component of ``nlp`` saved with its cfg edited by ``edit`` is refused with
+    ``error`` (a pattern) on loading, from disk and from bytes."""
+    path = tmp_path / "ner"
+    nlp.get_pipe("fsemicrf_ner").to_disk(path, exclude=["vocab"])
+    srsly.write_json(path / "cfg", {**srsly.read_json(path / "cfg"), **edit})
     _, fresh = _component(dropout=0.0)
     with pytest.raises(ValueError, match=error):
         fresh.from_disk(path, exclude=["vocab"])
@@ -500,21 +505,10 @@ def test_a_saved_calibration_map_that_is_not_valid_is_refused_on_loading(
     """spaCy fills cfg without the calibration setter's check: a map edited by hand loaded,
     then scored every entity 0 (a negative slope) or failed at the first prediction, whose
     error asked to initialize the component."""
-    nlp, _ = initialized
-    path = tmp_path / "ner"
-    nlp.get_pipe("fsemicrf_ner").to_disk(path, exclude=["vocab"])
-    srsly.write_json(path / "cfg", {**srsly.read_json(path / "cfg"),
-                                    "calibration": calibration})
     error = (r"^Cannot load the 'fsemicrf_ner' component: the calibration map of its saved cfg "
              r"is not valid\. A calibration map is .+, got .+\. Save the pipeline again \(or fit "
              r"a map again\), or reinstall its package\.$")
-    _, fresh = _component(dropout=0.0)
-    with pytest.raises(ValueError, match=error):
-        fresh.from_disk(path, exclude=["vocab"])
-    data = {name: (path / name).read_bytes() for name in ("cfg", "model", "seen_entities")}
-    _, fresh = _component(dropout=0.0)
-    with pytest.raises(ValueError, match=error):
-        fresh.from_bytes(srsly.msgpack_dumps(data))
+    _refused_with_cfg(initialized[0], tmp_path, {"calibration": calibration}, error)
 
 
 @pytest.mark.parametrize("part", ["model", "cfg"])
@@ -549,21 +543,16 @@ def test_head_weights_holding_code_are_refused_with_the_plugins_message(
     if forced:
         monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     nlp, _ = initialized
-    saved = nlp.get_pipe("fsemicrf_ner")
-    msg = srsly.msgpack_loads(saved.model.to_bytes())
-    shim_at = next(i for i, s in enumerate(msg["shims"]) if s)
-    shim = srsly.msgpack_loads(msg["shims"][shim_at][0])
-    head = srsly.msgpack_loads(shim["state"])
+    head = _head_record(nlp.get_pipe("fsemicrf_ner"))
     buf = io.BytesIO()
     torch.save({"w": _RunsCode()}, buf)
     head["state"] = buf.getvalue()
-    shim["state"] = srsly.msgpack_dumps(head)
-    msg["shims"][shim_at][0] = srsly.msgpack_dumps(shim)
+    msg = head.model_bytes()
     _, fresh = _component(dropout=0.0)
     with pytest.raises(ValueError, match=r"^Cannot load the fsemicrf_ner head: its weights are "
                                          r"damaged, or hold more than tensors, which are refused"
                                          r".* \(UnpicklingError\)\.$"):
-        fresh.model.from_bytes(srsly.msgpack_dumps(msg))
+        fresh.model.from_bytes(msg)
     assert not _RunsCode.ran
 
 
@@ -576,10 +565,7 @@ def test_head_weights_that_do_not_fit_their_record_are_a_value_error(initialized
 
     nlp, _ = initialized
     saved = nlp.get_pipe("fsemicrf_ner")
-    msg = srsly.msgpack_loads(saved.model.to_bytes())
-    shim_at = next(i for i, s in enumerate(msg["shims"]) if s)
-    shim = srsly.msgpack_loads(msg["shims"][shim_at][0])
-    head = srsly.msgpack_loads(shim["state"])
+    head = _head_record(saved)
     state = torch.load(io.BytesIO(head["state"]), weights_only=True)
     if edit == "drop a tensor":
         state.pop(next(iter(state)))
@@ -592,18 +578,37 @@ def test_head_weights_that_do_not_fit_their_record_are_a_value_error(initialized
     buf = io.BytesIO()
     torch.save(state, buf)
     head["state"] = buf.getvalue()
-    shim["state"] = srsly.msgpack_dumps(head)
-    msg["shims"][shim_at][0] = srsly.msgpack_dumps(shim)
+    msg = head.model_bytes()
     error = (r"^Cannot load the fsemicrf_ner head: its weights do not fit the head its record "
              r"describes \(.+\)\. Save the pipeline again, or reinstall its package\.$")
     _, fresh = _component(dropout=0.0)
     with pytest.raises(ValueError, match=error):
-        fresh.model.from_bytes(srsly.msgpack_dumps(msg))
+        fresh.model.from_bytes(msg)
     data = srsly.msgpack_loads(saved.to_bytes())
-    data["model"] = srsly.msgpack_dumps(msg)
+    data["model"] = msg
     _, fresh = _component(dropout=0.0)
     with pytest.raises(ValueError, match=error):
         fresh.from_bytes(srsly.msgpack_dumps(data))
+
+
+class _HeadRecord(dict):
+    """The head's record inside a component's model bytes (its description and ``state``, the
+    bytes of its weights), to edit; :meth:`model_bytes` packs the model bytes again."""
+
+    def __init__(self, msg: dict, shim_at: int, shim: dict) -> None:
+        super().__init__(srsly.msgpack_loads(shim["state"]))
+        self.msg, self.shim_at, self.shim = msg, shim_at, shim
+
+    def model_bytes(self) -> bytes:
+        self.shim["state"] = srsly.msgpack_dumps(dict(self))
+        self.msg["shims"][self.shim_at][0] = srsly.msgpack_dumps(self.shim)
+        return srsly.msgpack_dumps(self.msg)
+
+
+def _head_record(component) -> _HeadRecord:
+    msg = srsly.msgpack_loads(component.model.to_bytes())
+    shim_at = next(i for i, s in enumerate(msg["shims"]) if s)
+    return _HeadRecord(msg, shim_at, srsly.msgpack_loads(msg["shims"][shim_at][0]))
 
 
 class _RunsCode:

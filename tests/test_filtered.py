@@ -641,21 +641,28 @@ def test_scanned_marginals_are_clamped_whatever_the_rounding(monkeypatch):
     assert torch.allclose(shifted[scanned], (exact[scanned] * math.e).clamp_max(1))
 
 
+def _graph_with_a_node_at_minus_infinity(seed: int, use_t: bool):
+    """``(mask, scores, labels, T)`` of a random graph of one 6-token document where node
+    0..1 scores -inf and overlaps others (transitions of 3 labels with ``use_t``)."""
+    gen = torch.Generator().manual_seed(seed)
+    B, L, K, C = 1, 6, 3, 3
+    mask = torch.rand((B, L, K), generator=gen) < 0.6
+    mask &= span_mask(torch.tensor([L]), L, K)
+    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 0] = True
+    scores = torch.randn((B, L, K), generator=gen, dtype=DTYPE)
+    scores[0, 0, 1] = -math.inf
+    labels = torch.randint(1, C, (B, L, K), generator=gen) * mask
+    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    return mask, scores, labels, T
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("use_t", [False, True])
 def test_a_node_scored_minus_infinity_is_on_no_path_with_any_probability(seed, use_t):
     """Against enumeration, where such a node's paths weigh exp(-inf) = 0: finite log Z, best
     score and marginals (0 for that node), and a gradient without NaN, on host clusters and on
     the scan (transitions)."""
-    gen = torch.Generator().manual_seed(seed)
-    B, L, K, C = 1, 6, 3, 3
-    mask = torch.rand((B, L, K), generator=gen) < 0.6
-    mask &= span_mask(torch.tensor([L]), L, K)
-    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 0] = True  # (0..1) at -inf, overlapping others
-    scores = torch.randn((B, L, K), generator=gen, dtype=DTYPE)
-    scores[0, 0, 1] = -math.inf
-    labels = torch.randint(1, C, (B, L, K), generator=gen) * mask
-    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    mask, scores, labels, T = _graph_with_a_node_at_minus_infinity(seed, use_t)
     x = scores.clone().requires_grad_()
     log_z = filtered_log_partition(x, mask, labels, T)
     log_z.sum().backward()
@@ -677,17 +684,9 @@ def test_a_node_scored_minus_infinity_is_on_no_path_with_any_probability(seed, u
 def test_a_node_set_node_at_minus_infinity_is_on_no_path_with_any_probability(seed, use_t):
     """As on the grid: the node-set entry point gave NaN marginals (and a NaN log Z) for a node
     scored -inf, on host clusters and on the scan alike."""
-    gen = torch.Generator().manual_seed(seed)
-    B, L, K, C = 1, 6, 3, 3
-    mask = torch.rand((B, L, K), generator=gen) < 0.6
-    mask &= span_mask(torch.tensor([L]), L, K)
-    mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 0] = True  # (0..1) at -inf, overlapping others
-    scores = torch.randn((B, L, K), generator=gen, dtype=DTYPE)
-    scores[0, 0, 1] = -math.inf
-    labels = torch.randint(1, C, (B, L, K), generator=gen) * mask
-    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    mask, scores, labels, T = _graph_with_a_node_at_minus_infinity(seed, use_t)
     index = mask.view(-1).nonzero().squeeze(1)
-    nodes = NodeSet(index, labels.view(-1)[index], scores.view(-1)[index], (B, L, K))
+    nodes = NodeSet(index, labels.view(-1)[index], scores.view(-1)[index], tuple(mask.shape))
     best, marginals = decode_node_set(nodes, T)
     log_z = solve_node_set(nodes, T, "log_z").total
     grid = [tuple(x) for x in mask[0].nonzero().tolist()]

@@ -87,6 +87,26 @@ def test_sentence_starts_that_are_not_a_bool_tensor_of_the_batch_are_refused(bad
         crossing_spans(torch.zeros((2, 6)), K)
 
 
+def _agrees_with_enumeration(found, ranked, b: int, paths, starts) -> None:
+    """Document ``b``'s prediction (``found``, n-best ``ranked``) against ``paths``, its
+    structures that keep every entity in one sentence as ``(entities, score)``: the best
+    one's entities and probability, each entity's confidence (the probability of the
+    structures holding it), the n-best scores, and candidates that cross nothing."""
+    log_z = _logsumexp([v for _, v in paths])
+    best, best_score = max(paths, key=lambda p: p[1])
+    rows = [row for row in found.spans.tolist() if row[0] == b]
+    assert [tuple(r[1:]) for r in rows] == sorted(best)
+    assert float(found.path[b]) == pytest.approx(math.exp(best_score - log_z), abs=1e-6)
+    for row, conf in zip(found.spans.tolist(), found.scores.tolist()):
+        if row[0] == b:
+            want = sum(math.exp(v - log_z) for ents, v in paths if tuple(row[1:]) in ents)
+            assert conf == pytest.approx(want, abs=1e-6)
+    for row in found.candidates[0].tolist():
+        assert row[0] != b or not _crosses(row[1], row[2], starts[b])
+    top = sorted((v for _, v in paths), reverse=True)[:4]
+    assert [seg.score for seg in ranked[b]] == pytest.approx(top, abs=1e-9)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_semicrf_decodes_and_ranks_the_segmentations_within_sentences(seed):
     X, lengths, starts = _batch(seed)
@@ -96,29 +116,11 @@ def test_the_semicrf_decodes_and_ranks_the_segmentations_within_sentences(seed):
         scores = head.span_scores(X, lengths)
         found = head.decode(scores, lengths, ALL, starts)
         ranked = head.nbest(X, lengths, 4, sentence_starts=starts)
-    rows = found.spans.tolist()
     for b in range(2):
-        n = int(lengths[b])
-        paths = [(segs, segmentation_score(scores[b], segs, T))
-                 for segs in segmentations(n, K, M + 1)
+        paths = [([seg for seg in segs if seg[2]], segmentation_score(scores[b], segs, T))
+                 for segs in segmentations(int(lengths[b]), K, M + 1)
                  if not any(c and _crosses(s, e, starts[b]) for s, e, c in segs)]
-        log_z = _logsumexp([v for _, v in paths])
-        best, best_score = max(paths, key=lambda p: p[1])
-        assert [r[1:] for r in rows if r[0] == b] == [[s, e, c] for s, e, c in best if c]
-        assert float(found.path[b]) == pytest.approx(math.exp(best_score - log_z), abs=1e-6)
-        prob = {}
-        for segs, v in paths:
-            for s, e, c in segs:
-                prob[(s, e, c)] = prob.get((s, e, c), 0.0) + math.exp(v - log_z)
-        for row, conf in zip(rows, found.scores.tolist()):
-            if row[0] == b:
-                assert conf == pytest.approx(prob[tuple(row[1:])], abs=1e-6)
-        cand_rows, cand_conf = found.candidates
-        for row, conf in zip(cand_rows.tolist(), cand_conf.tolist()):
-            if row[0] == b:
-                assert not _crosses(row[1], row[2], starts[b])
-        top = sorted((v for _, v in paths), reverse=True)[:4]
-        assert [seg.score for seg in ranked[b]] == pytest.approx(top, abs=1e-9)
+        _agrees_with_enumeration(found, ranked, b, paths, starts)
 
 
 @pytest.mark.parametrize("scheme", ["BIO", "BILUO"])
@@ -131,24 +133,13 @@ def test_the_linear_crf_decodes_and_ranks_the_tag_sequences_within_sentences(sch
         emissions = head.emissions(X, lengths)
         found = head.decode(emissions, lengths, ALL, starts)
         ranked = head.nbest(X, lengths, 4, sentence_starts=starts)
-    rows = found.spans.tolist()
     for b in range(2):
-        n = int(lengths[b])
         paths = []
-        for tags in tag_sequences(n, sch.n_tags, sch.allowed):
+        for tags in tag_sequences(int(lengths[b]), sch.n_tags, sch.allowed):
             spans = entities_by_definition(tags, sch.names, scheme)
             if not any(_crosses(s, e, starts[b]) for s, e, _ in spans):
                 paths.append((spans, tag_sequence_score(emissions[b], T, tags)))
-        log_z = _logsumexp([v for _, v in paths])
-        best, best_score = max(paths, key=lambda p: p[1])
-        assert [tuple(r[1:]) for r in rows if r[0] == b] == sorted(best)
-        assert float(found.path[b]) == pytest.approx(math.exp(best_score - log_z), abs=1e-6)
-        for row, conf in zip(rows, found.scores.tolist()):
-            if row[0] == b:
-                want = sum(math.exp(v - log_z) for spans, v in paths if tuple(row[1:]) in spans)
-                assert conf == pytest.approx(want, abs=1e-6)
-        top = sorted((v for _, v in paths), reverse=True)[:4]
-        assert [seg.score for seg in ranked[b]] == pytest.approx(top, abs=1e-9)
+        _agrees_with_enumeration(found, ranked, b, paths, starts)
 
 
 @pytest.mark.parametrize("transitions", [False, True])
