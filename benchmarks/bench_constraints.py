@@ -23,7 +23,8 @@ construction and never branches.
 
 ``--model`` times a trained pipeline on a corpus instead (words per second of ``nlp.pipe``
 with the component's ``constraints`` set to the same rules over its first four labels, and of
-``component.nbest(doc, 5)``); it needs a component that has those settings.
+``component.nbest(doc, 5)``), on the corpus's tokens and sentence boundaries (no entity crosses
+one); it needs a component that has those settings.
 """
 import argparse
 import collections

@@ -6,7 +6,9 @@
         --test corpus/test.spacy --compare /tmp/predictions.pkl
 
 Documents of several lengths are cut from the test set's running text (as in
-``profile_predict.py``), and the test documents as they are (mixed lengths: padded batches), run through ``nlp.pipe`` at several batch sizes, on one thread.
+``profile_predict.py``; without sentence boundaries), and the test documents as they are (mixed
+lengths: padded batches; with the corpus's sentence boundaries where it has them, which no
+predicted entity then crosses), run through ``nlp.pipe`` at several batch sizes, on one thread.
 For each document it records ``doc.ents``, the span group of the ``fsemicrf_ner`` component
 with the bytes of its ``attrs["scores"]`` and its ``attrs["path_probability"]``: a speed change
 of the prediction path must leave all of them bit for bit the same. A second pass with a

@@ -6,8 +6,9 @@ Each architecture builds ``Model[ModelInput, ...]``:
   the output is the summed loss (a float); ``backprop(1.0)`` sends the gradient through the head
   into the ``tok2vec`` layer;
 * without, the output is ``(spans, confidences)``: numpy arrays ``int64[N, 4]`` (same row format)
-  and ``float32[N]``; a plain list of docs, as spaCy's tools give a pipe's model, is such an
-  input.
+  and ``float32[N]``, no entity crossing a sentence boundary of its document
+  (:func:`sentence_flags`); a plain list of docs, as spaCy's tools give a pipe's model, is such
+  an input.
 
 The number of labels is the model's ``nO`` dimension, set by the component before
 ``initialize``; the PyTorch head is built at ``initialize`` (see :mod:`.head_model`). The builders
@@ -232,7 +233,7 @@ def forward(model: Model[ModelInput, Any], X: Union[ModelInput, List[Doc]], is_t
         return 0.0, lambda dY: []
     Xs, backprop_tok2vec = model.get_ref("tok2vec")(docs, is_train)
     words = word_ids(docs) if model.attrs["word_pool"] else None
-    # prediction only: the gold entities of training never cross a boundary of the reference
+    # prediction only: training learns the gold entities as they are
     starts = sentence_flags(docs) if X.gold is None else None
     head_input = HeadInput(Xs, X.gold, X.mask, words, X.filter_margin, X.options, starts)
     Y, backprop_head = model.get_ref("head")(head_input, is_train)
@@ -321,7 +322,8 @@ def model_nbest(
     model: Model, docs: List[Doc], k: int, filter_margin: float = 0.0
 ) -> List[List[Segmentation]]:
     """The ``k`` best segmentations of each of ``docs`` (run through the pipeline's components
-    before this one, so that a tok2vec listener finds their vectors), best first."""
+    before this one, so that a tok2vec listener finds their vectors), best first: none with an
+    entity across a sentence boundary, and fewer where fewer have a probability above 0."""
     docs = list(docs)
     if not any(len(doc) for doc in docs):
         return [[Segmentation((), 0.0, 0.0)] for _ in docs]

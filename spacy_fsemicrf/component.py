@@ -10,7 +10,8 @@ their scores, go to ``doc.spans[candidates_key]``. It sets ``doc.ents`` the way 
 does: entities already on the doc (for example from an ``entity_ruler`` earlier in the pipeline)
 and tokens blocked with ``Doc.set_ents(blocked=...)`` are kept, predicted entities that overlap
 them are left out of ``doc.ents``, and every other token without entity information is set to
-"outside" (O).
+"outside" (O). No predicted entity crosses a sentence boundary of the document (those
+``doc.sents`` gives, where it has any), as with ``ner``.
 """
 import logging
 import math
@@ -767,16 +768,17 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """The ``k`` best segmentations of ``doc`` (a document the pipeline has run on, so
         that the tok2vec's vectors are there), best first: one span group each, named
         ``<spans_key>_nbest_<rank>`` (rank from 1), with the segmentation's probability in
-        ``attrs["probability"]``. Constraints do not apply; ``k`` is at most
-        :data:`MAX_NBEST` (the search keeps ``k`` partial paths per position and label).
+        ``attrs["probability"]``. Constraints do not apply (the document's sentence boundaries
+        do: no entity crosses one); ``k`` is at most :data:`MAX_NBEST` (the search keeps ``k``
+        partial paths per position and label).
 
         The entities are trimmed of whitespace as in :meth:`set_annotations`, so segmentations
         that differ only in whitespace tokens at entity edges give the same entities: the list
         holds the most probable of them, with its own probability (the first one's is the
         prediction's ``path_probability``), and the search goes on, up to :data:`MAX_NBEST`
         segmentations, to find ``k`` distinct ones. Fewer than ``k`` where the document has
-        fewer (the filtered head ranks the paths of the graph its ``filter_margin`` keeps,
-        often a single one) or the search limit is reached."""
+        fewer segmentations of probability above 0 (the filtered head ranks the paths of the
+        graph its ``filter_margin`` keeps, often a single one) or the search limit is reached."""
         if not _integer(k) or not 1 <= k <= MAX_NBEST:
             raise ValueError(f"k must be a positive integer up to {MAX_NBEST}, got {k!r}")
         k = int(k)
@@ -889,8 +891,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         )
 
     def _loaded(self) -> None:
-        """After loading: a pipeline without a calibration map warns on its first entities,
-        and the constraints and labels must agree with the loaded model."""
+        """After loading: the saved labels and calibration map must be valid, a pipeline
+        without a calibration map warns on its first entities, and the constraints and labels
+        must agree with the loaded model."""
         # the saved cfg is read as it is: a string, a blank or a repeated label (cfg edited by
         # hand) would name the head's outputs wrongly, or with a string's characters, silently
         labels = self.cfg["labels"]

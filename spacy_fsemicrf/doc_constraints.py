@@ -7,6 +7,9 @@ own (``doc.user_data["fsemicrf_constraints"]``), as lists of dicts such as
 A document's own constraints that do not parse, name a label the component does not know, or
 need too many search states together with the component's and the call's are left out with a
 warning: one bad document never stops a pipe.
+
+The sentence starts of each document (:func:`sentence_start_flags`) are read here too: the
+heads decode no entity across them, and a span forced across one cannot be met.
 """
 import logging
 from typing import Any, Iterable, List, Optional, Sequence, Tuple

@@ -333,8 +333,9 @@ def _as_tensor(array: Any, device: torch.device) -> torch.Tensor:
 
 
 def padded_torch_inputs(model: Model, inputs: HeadInput) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, Any]]:
-    """``(X [B, L, D], lengths [B], {"words": ...})``: the head's tensors for ``inputs``, for
-    calls outside the Thinc node (such as a head's ``nbest``)."""
+    """``(X [B, L, D], lengths [B], {"words": ..., "sentence_starts": ...})``: the head's
+    tensors for ``inputs`` (each keyword where ``inputs`` has it), for calls outside the Thinc
+    node (such as a head's ``nbest``)."""
     lengths = numpy.asarray([x.shape[0] for x in inputs.Xs], dtype="int64")
     args = _to_torch_args(model, inputs._replace(gold=None, filter_margin=0.0, options=None),
                           lengths, False)

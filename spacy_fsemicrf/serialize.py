@@ -85,7 +85,8 @@ def deserialize_head(
     """Shim deserializer: rebuild the head described in ``data`` and load its weights.
 
     ``spec`` (``{"arch", "kwargs"}``) is what the current config builds; a saved head of another
-    architecture or with other settings raises a ``ValueError`` naming the differences."""
+    architecture or with other settings raises a ``ValueError`` naming the differences; weights
+    that do not fit the head its record describes raise one saying so."""
     try:
         msg = srsly.msgpack_loads(data)
     except Exception:

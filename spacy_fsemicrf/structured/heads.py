@@ -11,7 +11,13 @@ Each head maps token vectors ``X [B, L, D]`` and ``lengths [B]`` to
 * ``forward(X, lengths, options=DecodeOptions(...))``: a :class:`~.prediction.Prediction`,
   which adds what the options ask for: the decoded path's probability, the candidates, and
   decoding under constraints (:mod:`.constrained`);
-* ``nbest(X, lengths, k)``: the k best segmentations of each document (:mod:`.nbest`).
+* ``nbest(X, lengths, k)``: the k best segmentations of each document, fewer where fewer have
+  a probability above 0 (:mod:`.nbest`).
+
+At prediction (``forward`` without gold, ``decode``, ``nbest``), ``sentence_starts`` (a
+``BoolTensor[B, L]``, True at a token that starts a sentence) keeps every entity within its
+sentence. The constructors refuse a setting of the wrong type or range (a width that is not a
+positive integer, a dropout outside [0, 1], a NaN weight) with a ``ValueError`` naming it.
 
 ``FilteredSemiCRFHead`` is the product; ``SemiCRFHead`` and ``LinearCRFHead`` are the baselines
 of the paper, on the same encoder. With ``context_depth > 0`` each head first runs a BiLSTM over
