@@ -197,3 +197,39 @@ def test_component_trains_and_predicts_on_the_gpu(mixed_precision):
         assert predicted_set(docs) == gold_set(nlp)
     finally:
         use_ops("numpy")
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_sentence_boundaries_on_cuda_match_cpu(name):
+    """The sentence starts reach the head's device (given on the host or on the device): the
+    CPU's entities, confidences, path probabilities, candidates and n-best, none crossing."""
+    from spacy_fsemicrf.structured.prediction import DecodeOptions
+    from spacy_fsemicrf.structured.spans import crossing_spans
+
+    torch.manual_seed(0)
+    head = HEADS[name](8, 3, max_width=4, hidden_width=16).eval()
+    if name == "FilteredSemiCRF":  # let the local classifier keep spans, so that there is a graph
+        with torch.no_grad():
+            head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
+    X, lengths = torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
+    starts = torch.zeros((3, 20), dtype=torch.bool)
+    starts[0, [0, 3, 9, 10, 15]] = starts[1, [0, 2, 5]] = True
+    options = DecodeOptions(path=True, candidates=True)
+    kwargs = {"filter_margin": 1.0} if name == "FilteredSemiCRF" else {}
+    with torch.no_grad():
+        cpu = head(X, lengths, options=options, sentence_starts=starts, **kwargs)
+        nbest_cpu = head.nbest(X, lengths, 3, sentence_starts=starts, **kwargs)
+        head.cuda()
+        X, lengths = X.cuda(), lengths.cuda()
+        for given in (starts, starts.cuda()):
+            gpu = head(X, lengths, options=options, sentence_starts=given, **kwargs)
+            nbest_gpu = head.nbest(X, lengths, 3, sentence_starts=given, **kwargs)
+            assert torch.equal(cpu.spans, gpu.spans.cpu())
+            assert torch.allclose(cpu.scores, gpu.scores.cpu(), atol=1e-4)
+            assert torch.allclose(cpu.path, gpu.path.cpu(), atol=1e-4)
+            assert torch.equal(cpu.candidates[0], gpu.candidates[0].cpu())
+            assert [[s.spans for s in doc] for doc in nbest_cpu] == [
+                [s.spans for s in doc] for doc in nbest_gpu]
+    crossing = crossing_spans(starts, 20)
+    for doc, start, end, _ in cpu.spans.tolist() + cpu.candidates[0].tolist():
+        assert not crossing[doc, start, end - start]
