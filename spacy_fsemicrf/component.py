@@ -748,14 +748,17 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         return (entities, prediction.scores) if keep is None else (
             entities[keep], prediction.scores[keep])
 
-    def _forced_spans(self, doc: Doc) -> Set[Tuple[int, int]]:
-        """The spans ``(start, end inclusive)`` that a ``force_span`` constraint of the
-        component or of ``doc`` makes an entity as they are."""
+    def _forced_spans(self, doc: Doc) -> Set[Tuple[int, int, int]]:
+        """The entities ``(start, end inclusive, label 1..M)`` that a ``force_span`` constraint
+        of the component or of ``doc`` makes an entity as they are (another label on the same
+        tokens is the head's own entity, trimmed)."""
         # no warning about the document's invalid constraints: predict has given it
         if not self._decodes_constraints:  # (a document's own were left out)
             return set()
         found = self._constraints + doc_own_constraints(doc, self.labels, self.name, warn=False)
-        return {(c.start, c.end - 1) for c in found if isinstance(c, ForceSpan)}
+        ids = {label: i + 1 for i, label in enumerate(self.labels)}
+        return {(c.start, c.end - 1, ids.get(c.label, 0))
+                for c in found if isinstance(c, ForceSpan)}
 
     def _seen(self, docs: List[Doc], rows: numpy.ndarray) -> Optional[numpy.ndarray]:
         """Which entity ``rows`` were seen in training, where the calibration map asks (and
@@ -1052,9 +1055,9 @@ def _undecodable(parts: Dict[str, bytes]) -> Optional[str]:
 def _decoded_forces(
     constraints: Optional[List[Optional[DocConstraints]]],
     reports: Optional[List[Optional[ConstraintReport]]] = None,
-) -> Optional[Callable[[int], Set[Tuple[int, int]]]]:
-    """The forced spans ``(start, end inclusive)`` of the document of each index, from the
-    constraints it was decoded under; none for an infeasible document, whose unconstrained
+) -> Optional[Callable[[int], Set[Tuple[int, int, int]]]]:
+    """The forced spans ``(start, end inclusive, label)`` of the document of each index, from
+    the constraints it was decoded under; none for an infeasible document, whose unconstrained
     prediction holds no forced span (an entity there on the same tokens is the head's own, to
     be trimmed)."""
     if constraints is None:
@@ -1062,27 +1065,27 @@ def _decoded_forces(
     infeasible = {d for d, report in enumerate(reports or ())
                   if report is not None and report.status == "infeasible"}
     return lambda d: set() if constraints[d] is None or d in infeasible else {
-        (f.start, f.end) for f in constraints[d].program.forces}
+        tuple(f) for f in constraints[d].program.forces}
 
 
 def trim_whitespace(
     docs: List[Doc],
     rows: numpy.ndarray,
-    forced: Optional[Callable[[int], Set[Tuple[int, int]]]] = None,
+    forced: Optional[Callable[[int], Set[Tuple[int, int, int]]]] = None,
 ) -> Tuple[numpy.ndarray, Optional[numpy.ndarray]]:
     """Entity ``rows`` ``(doc, start, end inclusive, label)`` without whitespace tokens at
     their edges, as spaCy's ``ner`` never starts an entity on one: a head that learnt from text
     without such tokens may put one there (a double space before a name). Returns the rows (a
     trimmed copy where one changes, else ``rows`` itself) and None when every row stays, else
     the indices of the rows to keep (those of whitespace only are left out). ``forced(d)``
-    gives the spans ``(start, end)`` a constraint asked for in document ``d``, which stay as
-    they are (read only where a row would change)."""
+    gives the spans ``(start, end, label)`` a constraint asked for in document ``d``, which
+    stay as they are (read only where a row would change); another label there is trimmed."""
     keep = None
-    for i, (d, start, end) in enumerate(rows[:, :3].tolist()):
+    for i, (d, start, end, label) in enumerate(rows.tolist()):
         doc = docs[d]
         if not (doc[start].is_space or doc[end].is_space):
             continue
-        if forced is not None and (start, end) in forced(d):
+        if forced is not None and (start, end, label) in forced(d):
             continue
         edges = trim_span(start, end, lambda t: doc[t].is_space)
         if keep is None:

@@ -629,7 +629,7 @@ def test_trim_whitespace_trims_each_edge_and_drops_whitespace_only_rows():
                         [1, 1, 2, 1],   # forced as it is
                         [1, 4, 6, 2]])  # " France\n" -> France
     before = rows.tolist()
-    trimmed, keep = trim_whitespace(docs, rows, lambda d: {(1, 2)} if d == 1 else set())
+    trimmed, keep = trim_whitespace(docs, rows, lambda d: {(1, 2, 1)} if d == 1 else set())
     assert keep.tolist() == [0, 1, 3, 4, 5]
     assert trimmed[keep].tolist() == [[0, 0, 0, 1], [0, 2, 2, 1], [0, 5, 5, 1], [1, 1, 2, 1],
                                       [1, 5, 5, 2]]
@@ -666,6 +666,25 @@ def test_nbest_trims_keeps_the_best_of_each_entity_set_and_keeps_forced_spans(
     best = ner.nbest(doc, 3)
     assert [[(s.start, s.end) for s in g] for g in best] == [[(2, 4)], [(3, 4)], []]
     assert [g.attrs["probability"] for g in best] == pytest.approx([0.5, 0.2, 0.1])
+
+
+def test_nbest_trims_another_label_on_a_forced_spans_tokens(trained_nlp, monkeypatch):
+    """Only the forced entity keeps its whitespace edges: an entity of another label on the
+    same tokens is the head's own, and is trimmed like any other."""
+    from spacy_fsemicrf import component
+    from spacy_fsemicrf.structured.nbest import Segmentation
+
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    loc, per = ner.labels.index("LOC") + 1, ner.labels.index("PER") + 1
+    doc = trained_nlp.make_doc("went to  Paris .")  # token 2 is a space
+    doc.user_data["fsemicrf_constraints"] = [
+        {"kind": "force_span", "start": 2, "end": 4, "label": "LOC"}]
+    found = [Segmentation(((2, 3, per),), 2.0, math.log(0.5)),
+             Segmentation(((2, 3, loc),), 1.9, math.log(0.3))]
+    monkeypatch.setattr(component, "model_nbest", lambda model, docs, k, margin: [found[:k]])
+    best = ner.nbest(doc, 2)
+    assert [[(s.start, s.end, s.label_) for s in g] for g in best] == [
+        [(3, 4, "PER")], [(2, 4, "LOC")]]
 
 
 def test_nbest_searches_on_for_k_distinct_entity_sets_up_to_its_limit(trained_nlp, monkeypatch):

@@ -876,7 +876,7 @@ def test_an_infeasible_document_has_no_forced_spans_to_keep():
     reports = [ConstraintReport("infeasible", 0.0, 0.0, reason="why"),
                ConstraintReport("optimal", 0.0, 0.0), None, None]
     forces = _decoded_forces(constraints, reports)
-    assert [forces(d) for d in range(4)] == [set(), {(1, 2)}, {(1, 2)}, set()]
+    assert [forces(d) for d in range(4)] == [set(), {(1, 2, 1)}, {(1, 2, 1)}, set()]
     without = _decoded_forces(constraints)  # no reports: every constrained document's
-    assert [without(d) for d in range(4)] == [{(1, 2)}, {(1, 2)}, {(1, 2)}, set()]
+    assert [without(d) for d in range(4)] == [{(1, 2, 1)}, {(1, 2, 1)}, {(1, 2, 1)}, set()]
     assert _decoded_forces(None, reports) is None
