@@ -106,6 +106,18 @@ def test_heads_on_cuda_match_cpu(name, word_pool):
         assert torch.allclose(one_cpu[1], one_gpu[1].cpu(), atol=1e-4)
 
 
+def _head_and_batch(name: str):
+    """``(head, X, lengths)``: a small head of ``name`` on the CPU, in eval mode, and a batch of
+    three documents (one padded, one empty); the filtered head's local classifier keeps spans,
+    so that there is a graph."""
+    torch.manual_seed(0)
+    head = HEADS[name](8, 3, max_width=4, hidden_width=16).eval()
+    if name == "FilteredSemiCRF":
+        with torch.no_grad():
+            head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
+    return head, torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
+
+
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_constrained_decode_and_nbest_on_cuda_match_cpu(name):
     """Constraints and n-best take the head's scores to the host: a head on the GPU gives the
@@ -119,12 +131,7 @@ def test_constrained_decode_and_nbest_on_cuda_match_cpu(name):
     )
     from spacy_fsemicrf.structured.prediction import DecodeOptions
 
-    torch.manual_seed(0)
-    head = HEADS[name](8, 3, max_width=4, hidden_width=16).eval()
-    if name == "FilteredSemiCRF":  # let the local classifier keep spans, so that there is a graph
-        with torch.no_grad():
-            head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
-    X, lengths = torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
+    head, X, lengths = _head_and_batch(name)
     labels = ["A", "B", "C"]
     docs = [DocConstraints(compile_constraints([AtMost("A", 1, "sentence"),
                                                 ForbidLabels(["B"], 0, 5)], labels), (10,)),
@@ -206,12 +213,7 @@ def test_sentence_boundaries_on_cuda_match_cpu(name):
     from spacy_fsemicrf.structured.prediction import DecodeOptions
     from spacy_fsemicrf.structured.spans import crossing_spans
 
-    torch.manual_seed(0)
-    head = HEADS[name](8, 3, max_width=4, hidden_width=16).eval()
-    if name == "FilteredSemiCRF":  # let the local classifier keep spans, so that there is a graph
-        with torch.no_grad():
-            head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
-    X, lengths = torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
+    head, X, lengths = _head_and_batch(name)
     starts = torch.zeros((3, 20), dtype=torch.bool)
     starts[0, [0, 3, 9, 10, 15]] = starts[1, [0, 2, 5]] = True
     options = DecodeOptions(path=True, candidates=True)
