@@ -487,6 +487,9 @@ def _solve(
         raise ValueError(f"mode must be one of {SOLVE_MODES}, got {mode!r}")
     B, L, K = shape
     n, device = index.numel(), scores.device
+    # a node scored -inf is on no path: as NEG, since -inf would make the solvers' differences
+    # of scores NaN (what the grid functions and the node sets share)
+    scores = scores.clamp_min(neg_value(scores.dtype))
     if transitions is not None:  # in the scores' precision, as the other structured heads
         if labels is None:  # (without them every node would read the null label's row)
             raise ValueError("transitions need the nodes' labels")
@@ -581,7 +584,7 @@ def _solve_grid(
     labels = None if node_labels is None else node_labels.reshape(-1)[node_index]
     if labels is not None and transitions is not None:
         labels = check_node_labels(labels, transitions)
-    scores = node_scores.reshape(-1)[node_index].clamp_min(neg_value(node_scores.dtype))
+    scores = node_scores.reshape(-1)[node_index]
     solution = _solve(node_index, scores, labels, shape, transitions, mode)
     return _Solution(
         solution.total,
@@ -656,9 +659,7 @@ def solve_node_set(
     "marginals" or "decode" (both). Returns ``(total [B], best [n], marginals [n])``, the total
     being the best path's score when the best path is asked for, else log Z. A node scored
     ``-inf`` is on no path with any probability, as in :func:`filtered_log_partition`."""
-    # as _solve_grid: -inf would make the solvers' differences of scores NaN
-    scores = nodes.scores.clamp_min(neg_value(nodes.scores.dtype))
-    return _solve(nodes.index, scores, nodes.labels, nodes.shape, transitions, mode)
+    return _solve(nodes.index, nodes.scores, nodes.labels, nodes.shape, transitions, mode)
 
 
 @torch.no_grad()
