@@ -942,8 +942,10 @@ def test_a_negative_label_count_is_refused_by_the_baseline_heads(name):
 
 
 NAN = float("nan")
+INF = float("inf")
 # bad values of each head's settings, by setting: non-integers (a bool is an int to Python)
-# where sizes go, sizes of 0, NaN where numbers go, unknown strings
+# where sizes go, sizes of 0, NaN or inf where numbers go, unknown strings, yes/no settings
+# that are no bool (read by their truth, "no" was yes)
 BAD_SETTINGS = {
     "max_width": [2.5, True, "3"],
     "hidden_width": [0, -1, 2.5, True],
@@ -955,9 +957,14 @@ BAD_SETTINGS = {
     "mean_field": [1.5, True, -1],
     "null_weight": [NAN, "0.5"],
     "boundary_smoothing": [NAN],
-    "train_margin": [NAN, "0"],
-    "exact_loss": [NAN],
-    "focal_gamma": [NAN, True],
+    "train_margin": [NAN, "0", INF],
+    "exact_loss": [NAN, INF],
+    "focal_gamma": [NAN, True, INF],
+    "transitions": ["no", 0, None],
+    "span_norm": ["no", 1],
+    "doc_vector": ["false", 0],
+    "word_pool": ["no", 1],
+    "null_tokens": ["no", 1],
 }
 
 
@@ -984,6 +991,8 @@ def test_bad_settings_are_a_value_error_that_names_them_at_construction(name):
     # the values the settings allow, NumPy's integers too, still build
     cls(D, numpy.int64(M), max_width=numpy.int64(2), hidden_width=4, dropout=0)
     cls(D, M, dropout=1)
+    flags = [flag for flag in ("transitions", "span_norm", "word_pool") if flag in settings]
+    cls(D, M, **{flag: numpy.bool_(True) for flag in flags})
 
 
 def test_the_heads_parts_refuse_bad_sizes_at_construction():
@@ -994,6 +1003,9 @@ def test_the_heads_parts_refuse_bad_sizes_at_construction():
         (lambda: SpanFeaturizer(D, 0, K), "^hidden_width must be >= 1, got 0$"),
         (lambda: SpanFeaturizer(D, 4, 2.5), "^max_width must be an integer, got 2.5$"),
         (lambda: SpanFeaturizer(0, 4, K), "^input_width must be >= 1, got 0$"),
+        (lambda: SpanFeaturizer(D, 4, K, norm=1), "^norm must be True or False, got 1$"),
+        (lambda: SpanFeaturizer(D, 4, K, doc_vector="no"),
+         "^doc_vector must be True or False, got 'no'$"),
         (lambda: TokenContext(D, True), "^context_depth must be an integer, got True$"),
         (lambda: TokenContext(D, 1.5), "^context_depth must be an integer, got 1.5$"),
         (lambda: WordPool(0, True), "^input_width must be >= 1, got 0$"),

@@ -65,6 +65,7 @@ from .semiring import masked_fill_neg, wide
 from .spans import (
     SpanFeaturizer,
     boundary_neighbors,
+    check_flag,
     check_integer,
     check_lengths,
     check_number,
@@ -118,14 +119,17 @@ def check_scores(scores: torch.Tensor) -> None:
 
 
 def _check_head_settings(input_width: int, max_width: int, hidden_width: int,
-                         dropout: float) -> None:
+                         dropout: float, **flags: bool) -> None:
     """A ``ValueError`` naming the setting, at construction, for a bad value of a setting
     every head has: a hidden width of 0 built a head that failed at its first batch, a
-    max_width of 2.5 failed in PyTorch (the linear CRF took it), a dropout of NaN was taken."""
+    max_width of 2.5 failed in PyTorch (the linear CRF took it), a dropout of NaN was taken;
+    and for a yes/no setting among ``flags`` that is no bool (:func:`check_flag`)."""
     check_integer("input_width", input_width, 1)
     check_integer("max_width", max_width, 1)
     check_integer("hidden_width", hidden_width, 1)
     check_probability("dropout", dropout)
+    for name, value in flags.items():
+        check_flag(name, value)
 
 
 def _empty_decoded(device: torch.device) -> Decoded:
@@ -298,7 +302,11 @@ class FilteredSemiCRFHead(nn.Module):
         focal_gamma: float = 0.0,
     ) -> None:
         super().__init__()
-        _check_head_settings(input_width, max_width, hidden_width, dropout)
+        _check_head_settings(
+            input_width, max_width, hidden_width, dropout, transitions=transitions,
+            span_norm=span_norm, doc_vector=doc_vector, word_pool=word_pool,
+            null_tokens=null_tokens,
+        )
         check_integer("n_labels", n_labels)
         check_integer("mean_field", mean_field, 0)
         # (NaN passes the range checks below: a loss weight of NaN turned its loss off)
@@ -641,7 +649,10 @@ class SemiCRFHead(nn.Module):
         word_pool: bool = False,
     ) -> None:
         super().__init__()
-        _check_head_settings(input_width, max_width, hidden_width, dropout)
+        _check_head_settings(
+            input_width, max_width, hidden_width, dropout, transitions=transitions,
+            span_norm=span_norm, doc_vector=doc_vector, word_pool=word_pool,
+        )
         # (0 is a head of null segments only, as the linear CRF's O tags)
         check_integer("n_labels", n_labels, 0)
         self.n_labels = n_labels
@@ -769,7 +780,8 @@ class LinearCRFHead(nn.Module):
     ) -> None:
         super().__init__()
         # (max_width as the span heads': it bounds the candidates)
-        _check_head_settings(input_width, max_width, hidden_width, dropout)
+        _check_head_settings(input_width, max_width, hidden_width, dropout,
+                             word_pool=word_pool)
         self.n_labels = n_labels
         self.max_width = max_width
         self.scheme = tag_scheme(n_labels, scheme)

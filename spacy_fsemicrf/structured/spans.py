@@ -43,11 +43,18 @@ def check_integer(name: str, value: Any, minimum: Optional[int] = None) -> None:
 
 
 def check_number(name: str, value: Any) -> None:
-    """A ``ValueError`` unless the setting ``name`` is a real number, not NaN and not a bool:
-    NaN passes every ``<`` check, so a weight of NaN was taken, and turned off what it
-    weighs."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+    """A ``ValueError`` unless the setting ``name`` is a finite real number, not a bool: NaN
+    passes every ``<`` check, so a weight of NaN was taken, and turned off what it weighs;
+    an infinite weight made the loss infinite or NaN at the first step."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def check_flag(name: str, value: Any) -> None:
+    """A ``ValueError`` unless the yes/no setting ``name`` is a bool (NumPy's too): any other
+    value was read by its truth, so ``transitions="no"`` built a head with transitions."""
+    if not isinstance(value, (bool, numpy.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def check_probability(name: str, value: Any) -> None:
@@ -603,6 +610,8 @@ class SpanFeaturizer(nn.Module):
         check_integer("input_width", input_width, 1)
         check_integer("hidden_width", hidden_width, 1)
         check_integer("max_width", max_width, 1)
+        check_flag("norm", norm)
+        check_flag("doc_vector", doc_vector)
         self.span_repr = span_repr
         self.max_width = max_width
         # max pooling of a further projection on top of the sums
