@@ -229,7 +229,7 @@ def apply_calibration(
         z = calibration["slope"] * _logit(raw) + calibration["intercept"]
         return (0.5 * (1.0 + numpy.tanh(0.5 * z))).astype("float32")  # sigmoid, overflow-free
     x, y = calibration["x"], calibration["y"]
-    if not x:
+    if not len(x):  # (not `not x`: knots in a NumPy array, which the check takes, have no truth)
         return raw
     if x[0] > 0:
         # fitted on decoded entities, the map also scores candidates of far lower raw

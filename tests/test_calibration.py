@@ -375,6 +375,16 @@ def test_an_isotonic_map_falls_to_zero_below_its_first_knot():
         pytest.approx([0.2, 0.4])
 
 
+def test_an_isotonic_map_with_its_knots_in_numpy_arrays_scores_as_with_lists():
+    """The check takes knots in NumPy arrays (a map built in Python); applying such a map
+    failed at the first prediction: the truth value of an array is ambiguous."""
+    listed = {"method": "isotonic", "x": [0.4, 0.8], "y": [0.6, 0.9]}
+    arrays = {"method": "isotonic", "x": numpy.array([0.4, 0.8]), "y": numpy.array([0.6, 0.9])}
+    assert check_calibration(arrays) is arrays
+    raw = numpy.array([0.0, 0.2, 0.6, 1.0])
+    assert apply_calibration(arrays, raw).tolist() == apply_calibration(listed, raw).tolist()
+
+
 @pytest.mark.parametrize("truth, method", [(logistic_truth, "platt"), (capped_truth, "isotonic")])
 def test_the_fit_selects_the_map_that_predicts_held_out_outcomes_better(truth, method):
     raw, correct = _outcomes(truth, n=10_000)
