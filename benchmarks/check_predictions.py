@@ -127,6 +127,11 @@ def main(argv=None) -> None:
             print(f"{described(setting)}: not in {args.compare}")
             bad += 1
             continue
+        if len(recs) != len(expected[setting]):  # zip would compare the shorter list only
+            print(f"{described(setting)}: {len(recs)} documents, {len(expected[setting])} in "
+                  f"{args.compare}")
+            bad += 1
+            continue
         for i, (got, want) in enumerate(zip(recs, expected[setting])):
             if got != want:
                 bad += 1

@@ -123,6 +123,29 @@ def test_check_predictions_checks_the_heads_without_a_filter(tmp_path, capsys, a
     assert "saved 48 documents" in out and "identical: 48 documents" in out
 
 
+def test_check_predictions_compares_the_number_of_documents(tmp_path, capsys):
+    """Predictions saved for fewer documents of a length than the compare cuts (another
+    --tokens) differ: the compare went over the saved ones only and called every document
+    identical."""
+    from .conftest import make_examples, model_config, train_pipeline
+
+    check_predictions = load("check_predictions")
+    nlp = spacy.blank("en")
+    nlp.add_pipe("fsemicrf_ner", config={"model": model_config("spacy-fsemicrf.LinearCRF.v1")})
+    examples = make_examples(nlp)
+    train_pipeline(nlp, examples, n_iter=3)
+    nlp.to_disk(tmp_path / "model")
+    DocBin(docs=[eg.reference for eg in examples]).to_disk(tmp_path / "test.spacy")
+    argv = ["--model", f"{tmp_path}/model", "--test", f"{tmp_path}/test.spacy", "--lengths", "5",
+            "--batch-sizes", "2"]
+    check_predictions.main(argv + ["--tokens", "10", "--save", f"{tmp_path}/p.pkl"])
+    with pytest.raises(SystemExit) as exit_info:
+        check_predictions.main(argv + ["--tokens", "20", "--compare", f"{tmp_path}/p.pkl"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 1 and "identical" not in out
+    assert "length 5 batch 2 margin 0.0: 4 documents, 2 in" in out
+
+
 @pytest.mark.parametrize("args, message", [
     (["--rounds", "2"], "--rounds: must be at least 3 (the first two are dropped), got 2"),
     (["--settings", "10x0"], "--settings: must be at least 1, got 0"),
