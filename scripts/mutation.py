@@ -77,6 +77,7 @@ GROUPS: Dict[str, Group] = {
             "tests/test_mean_field.py",
             "tests/test_predict_paths.py",
             "tests/test_sentence_boundaries.py",
+            "tests/test_partial_annotation.py",
         ],
         # the toy-task trainings and 40 s of long-document gradients would dominate every
         # head mutant (the losses and decodes are checked exactly by test_head_distributions),
@@ -102,6 +103,7 @@ GROUPS: Dict[str, Group] = {
             "tests/test_nbest.py",
             "tests/test_predict_paths.py",
             "tests/test_sentence_boundaries.py",
+            "tests/test_partial_annotation.py",
             "tests/test_augment.py",  # initialize leaves made-up names out of the seen ones
             "tests/test_null_tokens.py",  # a head without constrained decoding
         ],
@@ -110,11 +112,13 @@ GROUPS: Dict[str, Group] = {
     ),
     "support": Group(
         # what the component saves and loads its head with, the constraints of each document,
-        # and the training augmenter (its factory is decorated: only its helpers are mutated)
+        # the training augmenter (its factory is decorated: only its helpers are mutated) and
+        # which training tokens have annotation
         modules=[
             "spacy_fsemicrf/serialize.py",
             "spacy_fsemicrf/doc_constraints.py",
             "spacy_fsemicrf/augment.py",
+            "spacy_fsemicrf/partial.py",
         ],
         tests=[
             "tests/test_architectures.py",  # serialize_head and deserialize_head directly
@@ -127,6 +131,7 @@ GROUPS: Dict[str, Group] = {
             "tests/test_nbest.py",
             "tests/test_predict_paths.py",
             "tests/test_sentence_boundaries.py",
+            "tests/test_partial_annotation.py",
         ],
         deselect=["two_processes"],  # a subprocess pipeline, as in the component's
     ),

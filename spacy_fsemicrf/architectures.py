@@ -47,6 +47,8 @@ class ModelInput(NamedTuple):
     filter_margin: prediction-time margin of the filtered head (log-odds; 0 for the others).
     options: what a prediction returns besides the entities (None: only ``(spans, scores)``;
         else a :class:`~.head_model.BatchPrediction`).
+    known: training only: one bool array per document, False at the tokens without entity
+        annotation (None for a document where every token has it), or None for all.
     """
 
     docs: List[Doc]
@@ -54,6 +56,7 @@ class ModelInput(NamedTuple):
     mask: Optional[numpy.ndarray] = None
     filter_margin: float = 0.0
     options: Optional[DecodeOptions] = None
+    known: Optional[List[Optional[numpy.ndarray]]] = None
 
 
 @registry.architectures(FILTERED_SEMICRF)
@@ -235,7 +238,8 @@ def forward(model: Model[ModelInput, Any], X: Union[ModelInput, List[Doc]], is_t
     words = word_ids(docs) if model.attrs["word_pool"] else None
     # prediction only: training learns the gold entities as they are
     starts = sentence_flags(docs) if X.gold is None else None
-    head_input = HeadInput(Xs, X.gold, X.mask, words, X.filter_margin, X.options, starts)
+    head_input = HeadInput(Xs, X.gold, X.mask, words, X.filter_margin, X.options, starts,
+                           X.known if X.gold is not None else None)
     Y, backprop_head = model.get_ref("head")(head_input, is_train)
 
     def backprop(dY):

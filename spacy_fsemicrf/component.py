@@ -45,6 +45,7 @@ from .structured.constraints import (
     Constraint, DocConstraints, ForceSpan, constraints_to_dicts, satisfies, trim_span)
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
+from .partial import known_tokens
 from .structured.heads import HEADS
 from .structured.nbest import Segmentation
 from .structured.prediction import DecodeOptions
@@ -232,6 +233,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.constraints = constraints or []
         self._warned_uncalibrated = False  # (initialize and loading set it)
         self._warned_unsegmented = False  # (a sentence scope on a doc without sentences)
+        self._warned_null_tokens_partial = False  # (unknown tokens for null_tokens)
         _prepare_process()
         self.n_wide_dropped = 0
         """How often a gold entity wider than ``max_width`` was left out of training so far
@@ -525,12 +527,12 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if not examples:
             return losses
         docs = [eg.predicted for eg in examples]
-        gold, mask = self.get_gold(examples)
+        gold, mask, known = self._gold(examples)
         self._add_seen(examples)
         if not any(len(doc) for doc, keep in zip(docs, mask) if keep):
             return losses
         set_dropout_rate(self.model, drop)
-        loss, backprop = self.model.begin_update(ModelInput(docs, gold, mask))
+        loss, backprop = self.model.begin_update(ModelInput(docs, gold, mask, known=known))
         backprop(1.0)
         # a map of the old weights would misplace every score, and the threshold with them:
         # in spacy train each evaluation came after an update, with the last save's map.
@@ -547,11 +549,21 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         and a mask of the examples whose reference has entity annotation (the others are left
         out of the loss). Entities wider than ``max_width`` are dropped for span heads and
         counted in ``n_wide_dropped``, entities whose edges are not token edges of the
-        predicted doc in ``n_misaligned_dropped`` (each with a warning)."""
+        predicted doc in ``n_misaligned_dropped`` (each with a warning); the loss reads their
+        tokens as unknown, as it reads the tokens without entity annotation."""
+        gold, mask, _ = self._gold(examples)
+        return gold, mask
+
+    def _gold(
+        self, examples: List[Example]
+    ) -> Tuple[numpy.ndarray, numpy.ndarray, Optional[List[Optional[numpy.ndarray]]]]:
+        """:meth:`get_gold`, and which tokens of each predicted doc have entity annotation
+        (:func:`~.partial.known_tokens`; None for a doc, or for the batch, where all do)."""
         label_ids = {label: i + 1 for i, label in enumerate(self.labels)}
         limit = self.max_width if self.span_head else None
         rows: List[Tuple[int, int, int, int]] = []
         mask = numpy.zeros((len(examples),), dtype=bool)
+        known: List[Optional[numpy.ndarray]] = [None] * len(examples)
         n_wide = widest = n_misaligned = 0
         for i, eg in enumerate(examples):
             ref = eg.reference
@@ -571,19 +583,44 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                         f"initialize it): to learn a new label, train it anew, not sourced."
                     )
             aligned = eg.get_aligned_spans_y2x(ents, allow_overlap=False)
-            n_misaligned += len(ents) - len(aligned)
+            misaligned: List[Span] = []
+            if len(aligned) < len(ents):
+                edges = {(ent.start_char, ent.end_char) for ent in aligned}
+                misaligned = [e for e in ents if (e.start_char, e.end_char) not in edges]
+                n_misaligned += len(misaligned)
+            wide = []
             for ent in aligned:
                 if limit is not None and len(ent) > limit:
-                    n_wide += 1
+                    wide.append(ent)
                     widest = max(widest, len(ent))
                     continue
                 rows.append((i, ent.start, ent.end - 1, label_ids[ent.label_]))
+            n_wide += len(wide)
+            known[i] = known_tokens(eg, misaligned, wide)
         if n_wide:
             self._report_wide(n_wide, widest)
         if n_misaligned:
             self._report_misaligned(n_misaligned)
         gold = numpy.asarray(rows, dtype="int64").reshape(-1, 4)
-        return gold, mask
+        return gold, mask, self._partial(known)
+
+    def _partial(
+        self, known: List[Optional[numpy.ndarray]]
+    ) -> Optional[List[Optional[numpy.ndarray]]]:
+        """``known`` for the head, None where every token is known; for a filtered head with
+        ``null_tokens``, whose graph has no paths over unknown tokens, None with a warning
+        (once): it learns them as outside any entity."""
+        if all(k is None for k in known):
+            return None
+        if self._decodes_constraints:  # (every head but the filtered one with null_tokens)
+            return known
+        if not getattr(self, "_warned_null_tokens_partial", False):
+            self._warned_null_tokens_partial = True
+            logger.warning(
+                "%s: the training data has tokens without entity annotation (or gold entities "
+                "the head cannot hold); a head with null_tokens = true learns them as outside "
+                "any entity (with null_tokens = false they count as unknown).", self.name)
+        return None
 
     def _report_wide(self, n_wide: int, widest: int) -> None:
         before = self.n_wide_dropped
@@ -592,8 +629,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if _reached_a_power_of_ten(before, self.n_wide_dropped):
             logger.warning(
                 "%s: gold entities wider than max_width=%d tokens have been left out of "
-                "training %d times so far (each update that reads one counts it); "
-                "max_width=%d would keep them all.",
+                "training %d times so far (each update that reads one counts it; the loss "
+                "reads their tokens as unknown); max_width=%d would keep them all.",
                 self.name,
                 self.max_width,
                 self.n_wide_dropped,
@@ -608,8 +645,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 "%s: gold entities that do not start or end on a token edge of the documents "
                 "the pipeline predicts on (the pipeline's tokenizer splits the text otherwise "
                 "than the corpus) have been left out of training %d times so far (each update "
-                "that reads one counts it); their tokens count as "
-                "outside any entity. Train on the corpus's tokens ([corpora.train] "
+                "that reads one counts it); the loss reads their tokens as unknown, as "
+                "spaCy's ner does. Train on the corpus's tokens ([corpora.train] "
                 "gold_preproc = true) or adjust the tokenizer.",
                 self.name,
                 self.n_misaligned_dropped,
@@ -619,8 +656,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """The loss is computed inside the model (see ``update``)."""
         examples = list(examples)
         docs = [eg.predicted for eg in examples]
-        gold, mask = self.get_gold(examples)
-        loss = self.model.predict(ModelInput(docs, gold, mask))
+        gold, mask, known = self._gold(examples)
+        loss = self.model.predict(ModelInput(docs, gold, mask, known=known))
         return float(loss), 0.0
 
     # Prediction -------------------------------------------------------------------------------

@@ -140,6 +140,9 @@ class HeadInput(NamedTuple):
     sentence_starts: prediction only: one bool array per document, True where a sentence
         starts (None for a document without sentence boundaries), or None for none: no entity
         crosses a sentence boundary.
+    known: training only: one bool array per document, False at the tokens without entity
+        annotation (None for a document where every token has it), or None for all: the loss
+        learns every path consistent with the annotation.
     """
 
     Xs: List[Floats2d]
@@ -149,6 +152,7 @@ class HeadInput(NamedTuple):
     filter_margin: float = 0.0
     options: Optional[DecodeOptions] = None
     sentence_starts: Optional[List[Optional[numpy.ndarray]]] = None
+    known: Optional[List[Optional[numpy.ndarray]]] = None
 
 
 class BatchPrediction(NamedTuple):
@@ -312,6 +316,11 @@ def _to_torch_args(
         gold_np = gold if isinstance(gold, numpy.ndarray) else model.ops.to_numpy(gold)
         gold_np = numpy.asarray(gold_np, dtype="int64").reshape(-1, 4)
         kwargs["gold"] = torch.as_tensor(gold_np, dtype=torch.long).to(device)
+        if inputs.known is not None:  # (a document without flags is known everywhere)
+            rows = [numpy.ones(int(n), dtype=bool) if k is None else k
+                    for k, n in zip(inputs.known, lengths)]
+            known = _pad_rows(rows, lengths, padded.shape[1], "bool")
+            kwargs["known"] = _as_tensor(known, device)
     else:
         if inputs.filter_margin:
             kwargs["filter_margin"] = float(inputs.filter_margin)

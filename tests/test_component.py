@@ -208,8 +208,11 @@ def test_gold_entities_off_the_predicted_tokens_are_counted_and_reported(caplog)
         "fsemicrf_ner: gold entities that do not start or end on a token edge of the documents "
         "the pipeline predicts on (the pipeline's tokenizer splits the text otherwise than the "
         "corpus) have been left out of training 2 times so far (each update that reads one "
-        "counts it); their tokens count as outside any entity. Train on the corpus's tokens ([corpora.train] gold_preproc = true) or adjust "
-        "the tokenizer."]
+        "counts it); the loss reads their tokens as unknown, as spaCy's ner does. Train on the "
+        "corpus's tokens ([corpora.train] gold_preproc = true) or adjust the tokenizer."]
+    # the loss reads the tokens of the entity left out as unknown, not as outside any entity
+    _, _, known = ner._gold(examples)
+    assert [k.tolist() for k in known] == [[False, False, True, True, True]] * 2
 
 
 def test_gold_entities_as_wide_as_max_width_are_kept_and_every_wider_one_is_counted():

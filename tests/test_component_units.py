@@ -54,8 +54,8 @@ def test_wide_entities_are_reported_at_each_new_power_of_ten(caplog):
         assert totals[n] == total
         assert warned[n][0] == (
             f"fsemicrf_ner: gold entities wider than max_width={ner.max_width} tokens have been "
-            f"left out of training {total} times so far (each update that reads one counts it); "
-            f"max_width={widest} would keep them all.")
+            f"left out of training {total} times so far (each update that reads one counts it; "
+            f"the loss reads their tokens as unknown); max_width={widest} would keep them all.")
     assert ner.n_wide_dropped == 100 and ner.widest_dropped == 20
 
 

@@ -215,6 +215,7 @@ def training_nodes(
     gold_grid: torch.Tensor,
     overlapping_only: bool = True,
     margin: float = 0.0,
+    unknown: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Filtering under the gold-path constraint (docs/algorithm.md, "Training").
 
@@ -223,13 +224,17 @@ def training_nodes(
     gold spans stay a maximal non-overlapping set, i.e. a path, and ``log Z >= gold score``.
     With ``overlapping_only=False`` every span with a non-null local label is kept (for a graph
     with null tokens, where the gold spans and nulls are a path whatever the other nodes).
-    ``margin`` is the filter's, as at inference (the paper trains at 0).
+    ``margin`` is the filter's, as at inference (the paper trains at 0). ``unknown [B, L, K]``
+    marks the spans of tokens without annotation only (:func:`~.spans.unknown_spans`): those
+    with a non-null local label are kept too, as the nodes a path consistent with a partial
+    annotation may add to the gold spans.
     """
     pred_mask, pred_labels = inference_nodes(local_scores, lengths, margin)
     gold_mask = gold_grid > 0
     extra = pred_mask & ~gold_mask
     if overlapping_only:
-        extra &= overlap_mask(gold_mask)
+        extra &= overlap_mask(gold_mask) if unknown is None else (
+            overlap_mask(gold_mask) | unknown)
     mask = gold_mask | extra
     labels = torch.where(gold_mask, gold_grid, pred_labels) * mask
     return mask, labels
@@ -677,6 +682,25 @@ def decode_node_set(
             torch.ones_like(nodes.scores) if marginals else None)
     solution = solve_node_set(nodes, transitions, "decode" if marginals else "viterbi")
     return solution.best, solution.marginals
+
+
+def consistent_log_score(
+    node_scores: torch.Tensor,
+    node_mask: torch.Tensor,
+    gold_mask: torch.Tensor,
+    unknown: torch.Tensor,
+    node_labels: Optional[torch.Tensor] = None,
+    transitions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``[B]``: the log-sum of the scores of the maximal paths of the graph of ``node_mask``
+    that are consistent with a partial annotation: they hold every gold node (``gold_mask``)
+    and otherwise only nodes of unknown tokens (``unknown``, :func:`~.spans.unknown_spans`).
+    Those nodes overlap no gold node, and every other node overlaps a gold one (as
+    :func:`training_nodes` keeps them), so these paths are the maximal paths of the graph of
+    the gold nodes and the unknown ones: a log partition of that graph (grids ``[B, L, K]``,
+    labels and ``transitions`` as in :func:`path_score`)."""
+    return filtered_log_partition(node_scores, gold_mask | (node_mask & unknown), node_labels,
+                                  transitions)
 
 
 def path_score(

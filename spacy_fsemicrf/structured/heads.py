@@ -42,6 +42,7 @@ from .confidences import (
 from .constrained import crf_constrained, filtered_constrained, semicrf_constrained
 from .context import TokenContext, WordPool
 from .linear_crf import (
+    consistent_emissions,
     crf_log_partition,
     crf_score,
     crf_span_marginals,
@@ -72,12 +73,15 @@ from .spans import (
     check_probability,
     check_rows_type,
     check_sentence_starts,
+    consistent_segments,
     crossing_spans,
     document_mean,
     gold_label_grid,
     grid_chunks,
+    partial_annotation,
     span_mask,
     token_mask,
+    unknown_spans,
 )
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
@@ -399,6 +403,7 @@ class FilteredSemiCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
         sentence_starts: Optional[torch.Tensor] = None,
+        known: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
         """Training with ``gold`` (rows ``(doc, start, end inclusive, label 1..M)`` that segment
         each document): the summed loss, a scalar. Without: the decoded ``(spans [N, 4],
@@ -407,27 +412,40 @@ class FilteredSemiCRFHead(nn.Module):
         of documents of ``lengths``; ``words`` their word ids (with ``word_pool``);
         ``filter_margin`` as in the class docstring. With ``sentence_starts`` (``BoolTensor
         [B, L]``, True at a token that starts a sentence; prediction only) no entity crosses a
-        sentence boundary: the spans that would are no candidates (as spaCy's ``ner``)."""
+        sentence boundary: the spans that would are no candidates (as spaCy's ``ner``). With
+        ``known`` (``BoolTensor [B, L]``, False at a token without entity annotation; training
+        only) the annotation is partial: the loss learns every path consistent with it."""
         tokens, local, glob = self._encode(X, lengths, words, predicting=gold is None)
         if gold is not None:
-            return self.loss(local, glob, lengths, gold, tokens)
+            return self.loss(local, glob, lengths, gold, tokens, known)
         prediction = self.decode(local, glob, lengths, filter_margin, options or DecodeOptions(),
                                  tokens, sentence_starts)
         return prediction if options is not None else prediction[:2]
 
     def loss(
         self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor,
-        tokens: Optional[torch.Tensor] = None,
+        tokens: Optional[torch.Tensor] = None, known: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """``L_loc + L_glob`` summed over the batch, from the local and global span scores
-        ``[B, L, K, C]`` and the ``gold`` rows (and the token vectors, for mean-field)."""
+        ``[B, L, K, C]`` and the ``gold`` rows (and the token vectors, for mean-field). With
+        ``known`` (False at the tokens without annotation) a span of unknown tokens only has
+        no local target, and ``L_glob``'s gold score is the log-sum over the paths that hold
+        the gold spans and any nodes of unknown tokens only (docs/algorithm.md, §5, "Partial
+        annotation")."""
         B, L, K, C = local.shape
         grid = gold_label_grid(gold, lengths, L, K, C - 1)
         valid = span_mask(lengths, L, K)
+        known = partial_annotation(known, lengths, L, gold)
+        if known is not None and self.null_tokens:
+            raise ValueError("a head with null_tokens learns from fully annotated documents "
+                             "only: its graph has no paths over unknown tokens")
+        unknown = None if known is None else unknown_spans(known, K) & valid
         ce = nn.functional.cross_entropy(
             wide(local.reshape(-1, C)), grid.reshape(-1), reduction="none"
         ).view(B, L, K)
         weight = torch.where(grid > 0, 1.0, self.null_weight) * valid
+        if unknown is not None:
+            weight = weight * ~unknown
         if self.focal_gamma > 0:
             # 1 - p = -expm1(-ce), exact near p = 1; the floor keeps the power's gradient finite
             weight = weight * torch.expm1(-ce).neg().clamp_min(1e-12).pow(self.focal_gamma)
@@ -438,11 +456,11 @@ class FilteredSemiCRFHead(nn.Module):
             exact = wide(glob)
             loss_local = loss_local + self.exact_loss * (
                 semicrf_log_partition(exact, lengths, None)
-                - semicrf_gold_score(exact, lengths, gold, None)
+                - semicrf_consistent_score(exact, lengths, gold, None, known)
             ).sum()
         mask, labels = filtered.training_nodes(local.detach(), lengths, grid,
                                                overlapping_only=not self.null_tokens,
-                                               margin=self.train_margin)
+                                               margin=self.train_margin, unknown=unknown)
         scores = wide(glob).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         if self.refiner is not None:
             index = filtered.grid_index(mask)
@@ -453,7 +471,10 @@ class FilteredSemiCRFHead(nn.Module):
             return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid)
         T = None if self.transitions is None else wide(self.transitions)
         log_z = filtered.filtered_log_partition(scores, mask, labels, T)
-        gold_score = filtered.path_score(scores, grid > 0, labels, T)
+        if unknown is None:
+            gold_score = filtered.path_score(scores, grid > 0, labels, T)
+        else:
+            gold_score = filtered.consistent_log_score(scores, mask, grid > 0, unknown, labels, T)
         return loss_local + (log_z - gold_score).sum()
 
     def _null_tokens_loss(
@@ -687,13 +708,16 @@ class SemiCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
         sentence_starts: Optional[torch.Tensor] = None,
+        known: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
-        """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
+        """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin; with ``known``
+        the gold score is the log-sum over the segmentations consistent with the annotation
+        (:func:`semicrf_consistent_score`)."""
         scores = self.span_scores(X, lengths, words)
         T = None if self.transitions is None else wide(self.transitions)
         if gold is not None:
             log_z = semicrf_log_partition(scores, lengths, T)
-            return (log_z - semicrf_gold_score(scores, lengths, gold, T)).sum()
+            return (log_z - semicrf_consistent_score(scores, lengths, gold, T, known)).sum()
         prediction = self.decode(scores.detach(), lengths, options or DecodeOptions(),
                                  sentence_starts)
         return prediction if options is not None else prediction[:2]
@@ -744,6 +768,23 @@ class SemiCRFHead(nn.Module):
         scores = self.span_scores(X, lengths, words)
         check_scores(scores)
         return semicrf_nbest(_within_sentences(scores, sentence_starts), lengths, T, k)
+
+
+def semicrf_consistent_score(
+    scores: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor,
+    transitions: Optional[torch.Tensor], known: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """``[B]``: the score of the gold segmentation under segment ``scores [B, L, K, C]``;
+    with ``known`` (False at the tokens without entity annotation) the log-sum of the scores
+    of every segmentation consistent with the annotation (:func:`~.spans.consistent_segments`),
+    so that the loss claims nothing about the unknown tokens."""
+    B, L, K, C = scores.shape
+    known = partial_annotation(known, lengths, L, gold)
+    if known is None:
+        return semicrf_gold_score(scores, lengths, gold, transitions)
+    grid = gold_label_grid(gold, lengths, L, K, C - 1)
+    allowed = consistent_segments(grid, known, C)
+    return semicrf_log_partition(scores.masked_fill(~allowed, -math.inf), lengths, transitions)
 
 
 def _within_sentences(
@@ -812,8 +853,11 @@ class LinearCRFHead(nn.Module):
         words: Optional[torch.Tensor] = None,
         options: Optional[DecodeOptions] = None,
         sentence_starts: Optional[torch.Tensor] = None,
+        known: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
-        """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin."""
+        """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin; with ``known``
+        the gold score is the log-sum over the tag sequences consistent with the annotation
+        (:func:`~.linear_crf.consistent_emissions`)."""
         emissions = self.emissions(X, lengths, words)
         T = wide(self.transitions)
         allowed = self.allowed.to(emissions.device)
@@ -821,7 +865,11 @@ class LinearCRFHead(nn.Module):
             check_rows_type(gold)
             tags = spans_to_tags(gold.to(emissions.device), lengths, X.shape[1], self.scheme)
             log_z = crf_log_partition(emissions, T, lengths, allowed)
-            return (log_z - crf_score(emissions, T, tags, lengths, allowed)).sum()
+            known = partial_annotation(known, lengths, X.shape[1], gold)
+            if known is None:
+                return (log_z - crf_score(emissions, T, tags, lengths, allowed)).sum()
+            consistent = consistent_emissions(emissions, tags, known, gold, self.scheme)
+            return (log_z - crf_log_partition(consistent, T, lengths, allowed)).sum()
         prediction = self.decode(emissions.detach(), lengths, options or DecodeOptions(),
                                  sentence_starts)
         return prediction if options is not None else prediction[:2]

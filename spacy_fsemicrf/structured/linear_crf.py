@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 import torch
+from torch import nn
 
 from .semiring import NEG, logsumexp, lse, masked_fill_neg, neg_value
 from .spans import (
@@ -131,6 +132,27 @@ def spans_to_tags(
         )
     in_doc = token_mask(lengths, length)
     return torch.where((tok_label > 0) & in_doc, tags, torch.zeros_like(tags))
+
+
+def consistent_emissions(
+    emissions: torch.Tensor, tags: torch.Tensor, known: torch.Tensor, gold: torch.Tensor,
+    scheme: TagScheme,
+) -> torch.Tensor:
+    """``emissions [B, L, n_tags]`` with -inf at the tags no sequence consistent with a
+    partial annotation gives a token: a known token (``known [B, L]``) takes its gold tag
+    (``tags``, from :func:`spans_to_tags`) only, and a token right after an annotated entity
+    (rows ``gold``) takes no tag that continues an entity: the entity ends where it is
+    annotated. Unknown tokens are free otherwise."""
+    B, L, n_tags = emissions.shape
+    device = emissions.device
+    allowed = nn.functional.one_hot(tags.to(device), n_tags).bool()
+    allowed |= ~known.to(device).unsqueeze(-1)
+    doc, _, end, _ = gold.to(device).long().view(-1, 4).unbind(-1)
+    after = torch.zeros((B, L + 1), dtype=torch.bool, device=device)
+    after[doc, end + 1] = True
+    inside = torch.tensor([kind in "IL" for kind in scheme.kinds], device=device)
+    allowed &= ~(after[:, :L].unsqueeze(-1) & inside)
+    return emissions.masked_fill(~allowed, -math.inf)
 
 
 def sentence_emissions(

@@ -128,16 +128,76 @@ def check_sentence_starts(
 ) -> None:
     """A ``ValueError`` unless ``sentence_starts`` is a 2-d ``BoolTensor``, of the batch's
     ``shape`` ``(B, L)`` if given: another shape would read the boundaries of other tokens."""
-    if (not isinstance(sentence_starts, torch.Tensor) or sentence_starts.dtype != torch.bool
-            or sentence_starts.dim() != 2
-            or (shape is not None and tuple(sentence_starts.shape) != tuple(shape))):
+    check_token_flags(sentence_starts, "sentence_starts", "start a sentence", shape)
+
+
+def check_token_flags(
+    flags: Any, name: str, meaning: str, shape: Optional[Tuple[int, int]] = None
+) -> None:
+    """A ``ValueError`` unless ``flags``, one bool per token (True at the tokens that
+    ``meaning``), is a 2-d ``BoolTensor``, of the batch's ``shape`` ``(B, L)`` if given."""
+    if (not isinstance(flags, torch.Tensor) or flags.dtype != torch.bool or flags.dim() != 2
+            or (shape is not None and tuple(flags.shape) != tuple(shape))):
         want = "[B, L]" if shape is None else list(shape)
         raise ValueError(
-            f"sentence_starts must be a BoolTensor {want}, True at the tokens that start a "
-            f"sentence, got {type(sentence_starts).__name__} "
-            f"{getattr(sentence_starts, 'dtype', '')} "
-            f"{tuple(getattr(sentence_starts, 'shape', ()))}"
+            f"{name} must be a BoolTensor {want}, True at the tokens that {meaning}, got "
+            f"{type(flags).__name__} {getattr(flags, 'dtype', '')} "
+            f"{tuple(getattr(flags, 'shape', ()))}"
         )
+
+
+def unknown_spans(known: torch.Tensor, max_width: int) -> torch.Tensor:
+    """``BoolTensor[B, L, K]``: which grid entries hold only tokens whose annotation is
+    unknown, for ``known [B, L]`` (False at a token without entity annotation): a span there
+    may be an entity of any label or none. Entries past the grid's end read as ending at its
+    last token (they are no candidates anyway)."""
+    check_token_flags(known, "known", "have entity annotation")
+    B, L = known.shape
+    if L == 0:
+        return known.new_zeros((B, 0, max_width))
+    count = torch.nn.functional.pad((~known).long().cumsum(1), (1, 0))  # [B, L + 1]
+    ends = span_ends(L, max_width, known.device).clamp(max=L - 1)
+    starts = torch.arange(L, device=known.device).view(-1, 1)
+    return count[:, ends + 1] - count[:, :L].unsqueeze(-1) == (ends - starts + 1)
+
+
+def partial_annotation(
+    known: Optional[torch.Tensor], lengths: torch.Tensor, length: int, gold: torch.Tensor
+) -> Optional[torch.Tensor]:
+    """``known [B, L]`` (False at the tokens without entity annotation) with the padding past
+    each document of ``lengths`` counted as known, or None when every token is known (a
+    batch fully annotated trains as before, bit for bit). A ``ValueError`` where a ``gold``
+    row covers an unknown token: an annotated entity is annotation."""
+    if known is None:
+        return None
+    check_token_flags(known, "known", "have entity annotation", (lengths.shape[0], length))
+    known = known.to(lengths.device) | ~token_mask(lengths, length)
+    if bool(known.all()):
+        return None
+    doc, start, end, _ = gold.to(lengths.device).long().view(-1, 4).unbind(-1)
+    if bool((token_coverage(doc, start, end, known.shape[0], length) > 0)[~known].any()):
+        raise ValueError("known is False at a token of a gold span: the tokens of an annotated "
+                         "entity are known")
+    return known
+
+
+def consistent_segments(
+    gold_grid: torch.Tensor, known: torch.Tensor, n_classes: int
+) -> torch.Tensor:
+    """``BoolTensor[B, L, K, C]``: the segments of a semi-CRF that a segmentation consistent
+    with a partial annotation may hold, for the ``gold_grid [B, L, K]`` of the annotated
+    entities (:func:`gold_label_grid`) and ``known [B, L]``: a null (width 1) on a token of no
+    annotated entity, an annotated entity with its label, and an entity of any label on
+    unknown tokens only. Every other segment would give a known token another annotation."""
+    B, L, K = gold_grid.shape
+    unknown = unknown_spans(known.to(gold_grid.device), K)
+    labels = torch.arange(n_classes, device=gold_grid.device)
+    allowed = (gold_grid.unsqueeze(-1) == labels) | unknown.unsqueeze(-1)
+    doc, start, width = (gold_grid > 0).nonzero(as_tuple=True)
+    in_entity = token_coverage(doc, start, start + width, B, L) > 0
+    allowed[:, :, 0, 0] = ~in_entity
+    allowed[:, :, 1:, 0] = True  # (wider nulls are no segments: the scan never reads them)
+    return allowed
 
 
 def token_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:

@@ -1,0 +1,281 @@
+"""Training on partly annotated documents: the heads' gold scores with ``known`` (False at the
+tokens without entity annotation) against enumeration of the paths consistent with the
+annotation, on small random inputs."""
+import math
+import random
+
+import pytest
+import torch
+
+from spacy_fsemicrf.structured import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
+from spacy_fsemicrf.structured.filtered import consistent_log_score, training_nodes
+from spacy_fsemicrf.structured.heads import semicrf_consistent_score
+from spacy_fsemicrf.structured.linear_crf import (
+    consistent_emissions,
+    crf_log_partition,
+    spans_to_tags,
+    tag_scheme,
+)
+from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask, unknown_spans
+
+from .bruteforce import (
+    entities_by_definition,
+    filtered_enumerate,
+    segmentation_score,
+    segmentations,
+    tag_sequence_score,
+    tag_sequences,
+)
+
+N_LABELS = 2
+
+
+def _logsumexp(values):
+    best = max(values)
+    return best + math.log(sum(math.exp(v - best) for v in values))
+
+
+def _case(rng: random.Random, max_length: int, max_width: int):
+    """A document length, gold entities ``(start, end, label)`` (those of a random
+    segmentation, wider ones allowed for the linear CRF's sake) and a known mask that is True
+    on every gold token."""
+    length = rng.randint(1, max_length)
+    segments = rng.choice(segmentations(length, max_width, N_LABELS + 1))
+    gold = [(s, e, c) for s, e, c in segments if c > 0 and rng.random() < 0.7]
+    on_gold = {t for s, e, _ in gold for t in range(s, e + 1)}
+    known = [t in on_gold or rng.random() < 0.5 for t in range(length)]
+    return length, gold, known
+
+
+def _consistent(entities, gold, known) -> bool:
+    """Whether a path with ``entities`` agrees with the annotation: it holds every gold entity,
+    and each of its other entities lies on unknown tokens only."""
+    gold = set(gold)
+    return gold <= set(entities) and all(
+        not any(known[s:e + 1]) for s, e, c in entities if (s, e, c) not in gold)
+
+
+def _tensors(length, gold, known, pad):
+    """Batch of one document padded by ``pad`` tokens (padding counts for nothing)."""
+    rows = torch.tensor([[0, s, e, c] for s, e, c in gold], dtype=torch.long).view(-1, 4)
+    flags = torch.tensor([known + [False] * pad])
+    return rows, flags, torch.tensor([length])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_semicrf_consistent_score_is_the_log_sum_over_consistent_segmentations(seed):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    K, C = rng.randint(1, 3), N_LABELS + 1
+    length, gold, known = _case(rng, 5, K)
+    pad = rng.randint(0, 2)
+    scores = torch.randn(1, length + pad, K, C, dtype=torch.float64)
+    T = torch.randn(C + 1, C + 1, dtype=torch.float64) if seed % 2 else None
+    rows, flags, lengths = _tensors(length, gold, known, pad)
+    got = semicrf_consistent_score(scores, lengths, rows, T, flags)
+    values = [segmentation_score(scores[0], segs, T) for segs in segmentations(length, K, C)
+              if _consistent([s for s in segs if s[2] > 0], gold, known)]
+    assert float(got) == pytest.approx(_logsumexp(values), abs=1e-9)
+
+
+@pytest.mark.parametrize("scheme", ["BIO", "BILUO"])
+@pytest.mark.parametrize("seed", range(25))
+def test_crf_consistent_emissions_give_the_log_sum_over_consistent_tag_sequences(scheme, seed):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    tags_of = tag_scheme(N_LABELS, scheme)
+    length, gold, known = _case(rng, 5, 5)
+    pad = rng.randint(0, 2)
+    emissions = torch.randn(1, length + pad, tags_of.n_tags, dtype=torch.float64)
+    T = torch.randn(tags_of.n_tags + 1, tags_of.n_tags + 1, dtype=torch.float64)
+    rows, flags, lengths = _tensors(length, gold, known, pad)
+    tags = spans_to_tags(rows, lengths, length + pad, tags_of)
+    masked = consistent_emissions(emissions, tags, flags, rows, tags_of)
+    got = crf_log_partition(masked, T, lengths, tags_of.allowed)
+    values = [
+        tag_sequence_score(emissions[0, :length], T, seq)
+        for seq in tag_sequences(length, tags_of.n_tags, tags_of.allowed)
+        if _consistent(entities_by_definition(seq, tags_of.names, scheme), gold, known)
+    ]
+    assert float(got) == pytest.approx(_logsumexp(values), abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_filtered_consistent_score_is_the_log_sum_over_consistent_maximal_paths(seed):
+    """On the training graph (gold nodes, the filter's nodes that overlap them, and its nodes
+    of unknown tokens only): the maximal paths that hold the gold nodes and otherwise only
+    nodes of unknown tokens."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    K, C = rng.randint(1, 3), N_LABELS + 1
+    length, gold, known = _case(rng, 6, K)
+    pad = rng.randint(0, 2)
+    L = length + pad
+    rows, flags, lengths = _tensors(length, gold, known, pad)
+    grid = gold_label_grid(rows, lengths, L, K, N_LABELS)
+    unknown = unknown_spans(flags | (torch.arange(L) >= length), K) & span_mask(lengths, L, K)
+    local = torch.randn(1, L, K, C, dtype=torch.float64)
+    local[..., 0] -= 0.5  # a filter that keeps a fair share of the spans
+    mask, labels = training_nodes(local, lengths, grid, unknown=unknown)
+    scores = torch.randn(1, L, K, dtype=torch.float64)
+    T = torch.randn(C + 1, C + 1, dtype=torch.float64) if seed % 2 else None
+    got = consistent_log_score(scores, mask, grid > 0, unknown, labels, T)
+    start, width = mask[0].nonzero(as_tuple=True)
+    nodes = [(s, s + w, int(labels[0, s, w]), float(scores[0, s, w]))
+             for s, w in zip(start.tolist(), width.tolist())]
+    # the filter's nodes of unknown tokens only are all in the graph
+    assert bool((mask | ~(unknown & (local.argmax(-1) > 0))).all())
+    enum = filtered_enumerate(nodes, T)
+    values = [v for path, v in enum.paths
+              if _consistent([nodes[k][:3] for k in path], gold, known)]
+    assert float(got) == pytest.approx(_logsumexp(values), abs=1e-9)
+
+
+HEADS = {"Filtered": FilteredSemiCRFHead, "SemiCRF": SemiCRFHead, "LinearCRF": LinearCRFHead}
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_document_without_annotation_costs_nothing(name):
+    """No known token and no gold entity: every path is consistent, the gold score is log Z,
+    and a span head's local loss has no target: the loss is 0 and teaches nothing."""
+    torch.manual_seed(0)
+    head = HEADS[name](8, N_LABELS, max_width=3, dropout=0.0)
+    X = torch.randn(2, 6, 8, requires_grad=True)
+    lengths = torch.tensor([6, 4])
+    loss = head(X, lengths, torch.zeros((0, 4), dtype=torch.long),
+                known=torch.zeros(2, 6, dtype=torch.bool))
+    assert float(loss.detach()) == pytest.approx(0.0, abs=1e-4)
+    loss.backward()
+    assert float(X.grad.abs().max()) < 1e-4
+
+
+def _batch(name):
+    """A head without dropout, a batch of two documents of 6 and 4 tokens with a gold entity
+    each, and ``known`` all True."""
+    torch.manual_seed(0)
+    head = HEADS[name](8, N_LABELS, max_width=3, dropout=0.0)
+    X, lengths = torch.randn(2, 6, 8), torch.tensor([6, 4])
+    gold = torch.tensor([[0, 1, 2, 1], [1, 0, 0, 2]])
+    return head, X, lengths, gold, torch.ones(2, 6, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_known_everywhere_is_the_full_annotation_bit_for_bit(name):
+    head, X, lengths, gold, known = _batch(name)
+    known[1, 4:] = False  # padding: not read
+    assert torch.equal(head(X, lengths, gold, known=known), head(X, lengths, gold))
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_unknown_tokens_lower_the_loss_and_a_contradiction_is_refused(name):
+    head, X, lengths, gold, known = _batch(name)
+    known[0, 4:] = False
+    with torch.no_grad():
+        assert float(head(X, lengths, gold, known=known)) < float(head(X, lengths, gold))
+    known[0, 2] = False  # a token of the gold span (0, 1, 2)
+    with pytest.raises(ValueError, match="^known is False at a token of a gold span"):
+        head(X, lengths, gold, known=known)
+    with pytest.raises(ValueError, match=r"^known must be a BoolTensor \[2, 6\]"):
+        head(X, lengths, gold, known=known.long())
+
+
+def test_a_filtered_head_with_null_tokens_refuses_unknown_tokens():
+    head = FilteredSemiCRFHead(8, N_LABELS, max_width=3, null_tokens=True)
+    X, lengths = torch.randn(1, 4, 8), torch.tensor([4])
+    known = torch.tensor([[True, True, False, False]])
+    with pytest.raises(ValueError, match="^a head with null_tokens learns from fully"):
+        head(X, lengths, torch.tensor([[0, 0, 1, 1]]), known=known)
+    head(X, lengths, torch.tensor([[0, 0, 1, 1]]), known=torch.ones(1, 4, dtype=torch.bool))
+
+
+# ----------------------------------------------------------------------------- the component
+
+def _pipeline(arch: str = "spacy-fsemicrf.FilteredSemiCRF.v1", **settings):
+    import spacy
+
+    from .conftest import LABELS, model_config
+
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(arch, **settings)})
+    for label in LABELS:
+        ner.add_label(label)
+    return nlp, ner
+
+
+def _example(nlp, words, ents, predicted_words=None):
+    from spacy.tokens import Doc
+    from spacy.training import Example
+
+    reference = Doc(nlp.vocab, words=words, ents=ents)
+    predicted = Doc(nlp.vocab, words=predicted_words or words)
+    return Example(predicted, reference)
+
+
+def test_the_component_reads_tokens_without_annotation_as_unknown():
+    nlp, ner = _pipeline()
+    words = ["John", "flew", "to", "Paris", "with", "Mary", "Lee", "."]
+    full = _example(nlp, words, ["B-PER", "O", "O", "B-LOC", "O", "B-PER", "I-PER", "O"])
+    partial = _example(nlp, words, ["B-PER", "O", "O", "B-LOC", "", "", "", ""])
+    nlp.initialize(lambda: [full])
+    gold, mask, known = ner._gold([full, partial])
+    assert mask.tolist() == [True, True]
+    assert known[0] is None
+    assert known[1].tolist() == [True] * 4 + [False] * 4
+    assert ner._gold([full, full])[2] is None  # fully annotated: the loss is as before
+    # the corpus splits "Mary-Lee" in three, the pipeline's tokenizer not: the predicted
+    # token is unknown where one of its corpus tokens is
+    split = _example(nlp, ["Mary", "-", "Lee", "left"], ["", "O", "O", "O"],
+                     predicted_words=["Mary-Lee", "left"])
+    assert [k.tolist() for k in ner._gold([split])[2]] == [[False, True]]
+
+
+def test_a_gold_entity_wider_than_the_span_heads_reach_is_unknown_there():
+    words = ["The", "United", "Nations", "Security", "Council", "met", "."]
+    ents = ["O", "B-ORG", "I-ORG", "I-ORG", "I-ORG", "O", "O"]
+    nlp, ner = _pipeline(max_width=2)
+    eg = _example(nlp, words, ents)
+    nlp.initialize(lambda: [eg])
+    gold, _, known = ner._gold([eg])
+    assert gold.tolist() == [] and known[0].tolist() == [True] + [False] * 4 + [True] * 2
+    nlp, ner = _pipeline("spacy-fsemicrf.LinearCRF.v1", max_width=2)  # tags: no width limit
+    nlp.initialize(lambda: [eg])
+    gold, _, known = ner._gold([eg])
+    assert gold.tolist() == [[0, 1, 4, ner.labels.index("ORG") + 1]] and known is None
+
+
+@pytest.mark.parametrize("arch", ["FilteredSemiCRF", "SemiCRF", "LinearCRF"])
+def test_a_pipeline_learns_from_partly_annotated_documents(arch):
+    """Each training text twice, once with its second half unannotated: training runs, its
+    loss falls, and the pipeline finds the training entities."""
+    from .conftest import TRAIN_DATA, gold_set, make_examples, predicted_set, train_pipeline
+
+    nlp, _ = _pipeline(f"spacy-fsemicrf.{arch}.v1")
+    examples = make_examples(nlp)
+    for eg in make_examples(nlp):
+        tokens = list(eg.reference)
+        half = len(tokens) // 2
+        while half < len(tokens) and tokens[half].ent_iob_ == "I":  # (no entity cut in two)
+            half += 1
+        ents = [f"{t.ent_iob_}-{t.ent_type_}" if t.ent_type_ else "O" for t in tokens[:half]]
+        examples.append(_example(nlp, [t.text for t in tokens], ents + [""] * (len(tokens) - half)))
+    losses = train_pipeline(nlp, examples, n_iter=40)
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] / 4
+    docs = list(nlp.pipe([text for text, _ in TRAIN_DATA]))
+    assert predicted_set(docs) == gold_set(nlp)
+
+
+def test_a_null_tokens_head_learns_unknown_tokens_as_outside_with_a_warning(caplog):
+    import logging
+
+    nlp, ner = _pipeline(null_tokens=True)
+    words = ["John", "flew", "to", "Paris", "."]
+    partial = _example(nlp, words, ["B-PER", "O", "", "", ""])
+    nlp.initialize(lambda: [partial])
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        assert ner._gold([partial, partial])[2] is None
+        nlp.update([partial])
+    messages = [r.getMessage() for r in caplog.records if "null_tokens" in r.getMessage()]
+    assert messages == [
+        "fsemicrf_ner: the training data has tokens without entity annotation (or gold "
+        "entities the head cannot hold); a head with null_tokens = true learns them as outside "
+        "any entity (with null_tokens = false they count as unknown)."]
