@@ -281,3 +281,39 @@ def test_bench_constraints_names_a_pipeline_of_fewer_than_four_labels(trained_nl
     with pytest.raises(SystemExit, match="rules need 4 entity labels, fsemicrf_ner has 3"):
         bench_constraints.main()
     assert not (tmp_path / "out").exists()
+
+
+def test_partial_annotation_writes_the_skipped_sentences_unknown_and_outside(tmp_path, capsys):
+    """The two corpora differ exactly in the skipped sentences: without annotation in one,
+    annotated O in the other; the other sentences keep their entities."""
+    script = load("partial_annotation")
+    nlp = spacy.blank("en")
+    texts = [("Anna met Bob in Rome . Then Carl left .", ["B-PER", "O", "B-PER", "O", "B-LOC",
+                                                      "O", "O", "B-PER", "O", "O"])] * 6
+    db = DocBin()
+    for text, ents in texts:
+        words = text.split()
+        db.add(Doc(nlp.vocab, words=words, ents=ents,
+                   sent_starts=[i in (0, 6) for i in range(len(words))]))
+    db.to_disk(tmp_path / "train.spacy")
+    script.main(["--train", str(tmp_path / "train.spacy"), "--output", str(tmp_path / "out"),
+                 "--fraction", "0.5", "--seed", "1"])
+    unknown = list(DocBin().from_disk(tmp_path / "out/unknown.spacy").get_docs(nlp.vocab))
+    outside = list(DocBin().from_disk(tmp_path / "out/outside.spacy").get_docs(nlp.vocab))
+    skipped = 0
+    for u, o in zip(unknown, outside):
+        for su, so in zip(u.sents, o.sents):
+            iob_u = [t.ent_iob_ for t in su]
+            if iob_u == [""] * len(su):  # skipped: annotated O in the other corpus
+                skipped += 1
+                assert [t.ent_iob_ for t in so] == ["O"] * len(so)
+            else:
+                assert [(t.ent_iob_, t.ent_type_) for t in su] == [
+                    (t.ent_iob_, t.ent_type_) for t in so]
+    kept = sum(len(d.ents) for d in unknown)
+    assert 0 < skipped < 12 and 0 < kept < 24
+    assert capsys.readouterr().out.startswith(f"6 documents, 24 gold entities; {24 - kept} of")
+    for fraction in ("-0.1", "1.5"):
+        with pytest.raises(SystemExit):
+            script.main(["--train", str(tmp_path / "train.spacy"), "--output", "x",
+                         "--fraction", fraction])
