@@ -263,7 +263,9 @@ def seen_flags(docs: List[Doc], rows: numpy.ndarray, seen_keys: numpy.ndarray) -
 
 
 def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
-    """``calibration`` if it is None or a valid map, else a ``ValueError`` saying why."""
+    """``calibration`` if it is None, a copy of it in plain Python numbers and lists if it is a
+    valid map (NumPy's, which a map built in Python may hold, are no JSON for the saved cfg),
+    else a ``ValueError`` saying why."""
     if calibration is None:
         return None
     try:
@@ -271,9 +273,8 @@ def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
             parts = [calibration["seen"], calibration["unseen"]]
             if any(part["method"] == "by_novelty" for part in parts):
                 raise ValueError("nested")
-            for part in parts:
-                check_calibration(part)
-            return calibration
+            seen, unseen = (check_calibration(part) for part in parts)
+            return {**calibration, "seen": seen, "unseen": unseen}
         # numbers, not their text, which float() and numpy.asarray() read but apply_calibration
         # cannot compute with (a map written or edited by hand)
         if calibration["method"] == "platt":
@@ -299,7 +300,9 @@ def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
             "non-decreasing, in [0, 1]) or 'by_novelty' (a 'platt' or 'isotonic' map under "
             f"'seen' and one under 'unseen'), got {calibration!r}"
         )
-    return calibration
+    if calibration["method"] == "platt":
+        return {**calibration, "slope": float(slope), "intercept": float(intercept)}
+    return {**calibration, "x": x.tolist(), "y": y.tolist()}
 
 
 # ----------------------------------------------------------------------------- fitting

@@ -380,9 +380,31 @@ def test_an_isotonic_map_with_its_knots_in_numpy_arrays_scores_as_with_lists():
     failed at the first prediction: the truth value of an array is ambiguous."""
     listed = {"method": "isotonic", "x": [0.4, 0.8], "y": [0.6, 0.9]}
     arrays = {"method": "isotonic", "x": numpy.array([0.4, 0.8]), "y": numpy.array([0.6, 0.9])}
-    assert check_calibration(arrays) is arrays
     raw = numpy.array([0.0, 0.2, 0.6, 1.0])
     assert apply_calibration(arrays, raw).tolist() == apply_calibration(listed, raw).tolist()
+
+
+def test_the_check_gives_the_map_in_plain_numbers_which_a_saved_pipeline_can_hold():
+    """A map of NumPy arrays and NumPy numbers (built in Python) passed the check, predicted,
+    and failed at saving: srsly's JSON takes no NumPy values. The check returns the map in
+    Python floats and lists, the same numbers."""
+    arrays = {"method": "isotonic", "x": numpy.array([0.4, 0.8]), "y": numpy.array([0.6, 0.9])}
+    platt = {"method": "platt", "slope": numpy.float32(1.5), "intercept": numpy.float64(-0.25)}
+    plain = check_calibration({"method": "by_novelty", "seen": platt, "unseen": arrays})
+    assert plain == {"method": "by_novelty",
+                     "seen": {"method": "platt", "slope": 1.5, "intercept": -0.25},
+                     "unseen": {"method": "isotonic", "x": [0.4, 0.8], "y": [0.6, 0.9]}}
+    assert type(plain["seen"]["slope"]) is float and type(plain["unseen"]["x"][0]) is float
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    ner.add_label("PER")
+    nlp.initialize()
+    ner.calibration = {"method": "by_novelty", "seen": platt, "unseen": arrays}
+    nlp2 = spacy.blank("en")
+    nlp2.add_pipe("fsemicrf_ner", config={"model": model_config()})
+    nlp2.from_bytes(nlp.to_bytes())
+    # through the saved cfg (srsly's JSON gives 0.6 back as 0.6000000000000001)
+    assert nlp2.get_pipe("fsemicrf_ner").calibration == srsly.json_loads(srsly.json_dumps(plain))
 
 
 @pytest.mark.parametrize("truth, method", [(logistic_truth, "platt"), (capped_truth, "isotonic")])
