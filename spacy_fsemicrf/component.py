@@ -584,9 +584,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                     )
             aligned = eg.get_aligned_spans_y2x(ents, allow_overlap=False)
             misaligned: List[Span] = []
-            if len(aligned) < len(ents):
-                edges = {(ent.start_char, ent.end_char) for ent in aligned}
-                misaligned = [e for e in ents if (e.start_char, e.end_char) not in edges]
+            if len(aligned) < len(ents):  # which ones, one by one (rare: a tokenizer mismatch)
+                misaligned = [e for e in ents if not eg.get_aligned_spans_y2x([e])]
                 n_misaligned += len(misaligned)
             wide = []
             for ent in aligned:

@@ -229,6 +229,25 @@ def test_the_component_reads_tokens_without_annotation_as_unknown():
     assert [k.tolist() for k in ner._gold([split])[2]] == [[False, True]]
 
 
+def test_only_the_tokens_of_an_entity_off_the_predicted_tokens_are_unknown():
+    """"Par is" is one predicted token, and the predicted text has a double space after
+    "Hilton" (a whitespace token, aligned to no corpus token): the entity "is Hilton" is left
+    out and its tokens are unknown, the entities after the double space are kept."""
+    from spacy.tokens import Doc
+    from spacy.training import Example
+
+    nlp, ner = _pipeline()
+    reference = Doc(nlp.vocab, words=["Par", "is", "Hilton", "met", "Anna", "in", "Rome"],
+                    spaces=[False, True, True, True, True, True, False],
+                    ents=["O", "B-PER", "I-PER", "O", "B-PER", "O", "B-LOC"])
+    eg = Example(nlp.make_doc("Paris Hilton  met Anna in Rome"), reference)
+    nlp.initialize(lambda: [eg])
+    gold, _, known = ner._gold([eg])
+    per, loc = ner.labels.index("PER") + 1, ner.labels.index("LOC") + 1
+    assert gold.tolist() == [[0, 4, 4, per], [0, 6, 6, loc]] and ner.n_misaligned_dropped == 1
+    assert known[0].tolist() == [False, False, True, True, True, True, True]
+
+
 def test_a_gold_entity_wider_than_the_span_heads_reach_is_unknown_there():
     words = ["The", "United", "Nations", "Security", "Council", "met", "."]
     ents = ["O", "B-ORG", "I-ORG", "I-ORG", "I-ORG", "O", "O"]
