@@ -298,3 +298,26 @@ def test_a_null_tokens_head_learns_unknown_tokens_as_outside_with_a_warning(capl
         "fsemicrf_ner: the training data has tokens without entity annotation (or gold "
         "entities the head cannot hold); a head with null_tokens = true learns them as outside "
         "any entity (with null_tokens = false they count as unknown)."]
+
+
+def test_an_aligned_entity_after_a_whitespace_difference_is_not_taken_for_a_misaligned_one():
+    """The predicted text has a whitespace token the reference lacks: the character offsets
+    of the entities after it differ, their tokens still align. Only "Mary" (inside the
+    predicted token "Mary-Lee") is left out; "Paris" is learned, its tokens known."""
+    from spacy.tokens import Doc
+    from spacy.training import Example
+
+    nlp, ner = _pipeline()
+    predicted = Doc(nlp.vocab, words=["I", " ", "met", "Mary-Lee", "in", "Paris", "."],
+                    spaces=[True, False, True, True, True, True, False])
+    reference = Doc(nlp.vocab, words=["I", "met", "Mary", "-", "Lee", "in", "Paris", "."],
+                    spaces=[True, True, False, False, True, True, True, False],
+                    ents=["O", "O", "B-PER", "O", "O", "O", "B-LOC", "O"])
+    eg = Example(predicted, reference)
+    nlp.initialize(lambda: [eg])
+    gold, _, known = ner._gold([eg])
+    assert gold.tolist() == [[0, 5, 5, ner.labels.index("LOC") + 1]]
+    assert known[0].tolist() == [True, True, True, False, True, True, True]
+    assert ner.n_misaligned_dropped == 1
+    losses = nlp.update([eg])
+    assert math.isfinite(losses["fsemicrf_ner"])
