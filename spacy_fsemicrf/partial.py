@@ -19,8 +19,9 @@ def known_tokens(
     """One bool per token of ``eg.predicted``: True where the reference annotates it, False
     on a token aligned to a reference token without entity annotation or to one of the
     ``misaligned`` entities (spans of the reference), and on the tokens of the ``wide`` ones
-    (spans of the predicted document). None when every token is known, which costs a
-    fully annotated example one pass over its reference's ``ENT_IOB``."""
+    (spans of the predicted document). A whitespace token is known but in a wide entity: as
+    spaCy's ``ner``, which reads it as outside any entity. None when every token is known,
+    which costs a fully annotated example one pass over its reference's ``ENT_IOB``."""
     known_y = eg.reference.to_array("ENT_IOB").reshape(-1) != 0
     for span in misaligned:
         known_y[span.start : span.end] = False
@@ -33,6 +34,7 @@ def known_tokens(
     cum = numpy.concatenate([[0], numpy.cumsum(~known_y[targets])])
     starts = numpy.concatenate([[0], numpy.cumsum(lengths)[:-1]]).astype("int64")
     known = cum[starts + lengths] == cum[starts]
+    known |= eg.predicted.to_array("IS_SPACE").reshape(-1).astype(bool)
     for span in wide:
         known[span.start : span.end] = False
     return None if known.all() else known

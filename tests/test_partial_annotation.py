@@ -248,6 +248,16 @@ def test_only_the_tokens_of_an_entity_off_the_predicted_tokens_are_unknown():
     assert known[0].tolist() == [False, False, True, True, True, True, True]
 
 
+def test_a_whitespace_token_without_annotation_is_outside_any_entity_as_for_spacy():
+    """spaCy's ner reads an unannotated whitespace token as O (get_aligned_ner), the
+    component too; the tokens around it stay unknown."""
+    nlp, ner = _pipeline()
+    eg = _example(nlp, ["Anna", "met", "\n", "Bob", "there"], ["B-PER", "O", "", "", ""])
+    nlp.initialize(lambda: [eg])
+    assert eg.get_aligned_ner() == ["U-PER", "O", "O", None, None]
+    assert ner._gold([eg])[2][0].tolist() == [True, True, True, False, False]
+
+
 def test_a_gold_entity_wider_than_the_span_heads_reach_is_unknown_there():
     words = ["The", "United", "Nations", "Security", "Council", "met", "."]
     ents = ["O", "B-ORG", "I-ORG", "I-ORG", "I-ORG", "O", "O"]
