@@ -233,7 +233,6 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.constraints = constraints or []
         self._warned_uncalibrated = False  # (initialize and loading set it)
         self._warned_unsegmented = False  # (a sentence scope on a doc without sentences)
-        self._warned_null_tokens_partial = False  # (unknown tokens for null_tokens)
         _prepare_process()
         self.n_wide_dropped = 0
         """How often a gold entity wider than ``max_width`` was left out of training so far
@@ -601,25 +600,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if n_misaligned:
             self._report_misaligned(n_misaligned)
         gold = numpy.asarray(rows, dtype="int64").reshape(-1, 4)
-        return gold, mask, self._partial(known)
-
-    def _partial(
-        self, known: List[Optional[numpy.ndarray]]
-    ) -> Optional[List[Optional[numpy.ndarray]]]:
-        """``known`` for the head, None where every token is known; for a filtered head with
-        ``null_tokens``, whose graph has no paths over unknown tokens, None with a warning
-        (once): it learns them as outside any entity."""
-        if all(k is None for k in known):
-            return None
-        if self._decodes_constraints:  # (every head but the filtered one with null_tokens)
-            return known
-        if not getattr(self, "_warned_null_tokens_partial", False):
-            self._warned_null_tokens_partial = True
-            logger.warning(
-                "%s: the training data has tokens without entity annotation (or gold entities "
-                "the head cannot hold); a head with null_tokens = true learns them as outside "
-                "any entity (with null_tokens = false they count as unknown).", self.name)
-        return None
+        return gold, mask, None if all(k is None for k in known) else known
 
     def _report_wide(self, n_wide: int, widest: int) -> None:
         before = self.n_wide_dropped

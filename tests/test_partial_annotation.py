@@ -21,6 +21,7 @@ from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask, unknown_
 from .bruteforce import (
     entities_by_definition,
     filtered_enumerate,
+    nonoverlapping_sets,
     segmentation_score,
     segmentations,
     tag_sequence_score,
@@ -179,13 +180,42 @@ def test_unknown_tokens_lower_the_loss_and_a_contradiction_is_refused(name):
         head(X, lengths, gold, known=known.long())
 
 
-def test_a_filtered_head_with_null_tokens_refuses_unknown_tokens():
-    head = FilteredSemiCRFHead(8, N_LABELS, max_width=3, null_tokens=True)
-    X, lengths = torch.randn(1, 4, 8), torch.tensor([4])
-    known = torch.tensor([[True, True, False, False]])
-    with pytest.raises(ValueError, match="^a head with null_tokens learns from fully"):
-        head(X, lengths, torch.tensor([[0, 0, 1, 1]]), known=known)
-    head(X, lengths, torch.tensor([[0, 0, 1, 1]]), known=torch.ones(1, 4, dtype=torch.bool))
+@pytest.mark.parametrize("seed", range(12))
+def test_null_tokens_consistent_score_is_the_log_sum_over_consistent_sets(seed):
+    """With null tokens a path is any set of non-overlapping training nodes (every node the
+    filter keeps, near gold or not), the covered tokens it leaves free scoring their nulls:
+    the loss's global part is log Z minus the log-sum over the sets that hold the gold nodes
+    and otherwise only nodes of unknown tokens."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    K, C = rng.randint(1, 3), N_LABELS + 1
+    length, gold, known = _case(rng, 6, K)
+    pad = rng.randint(0, 1)
+    L = length + pad
+    rows, flags, lengths = _tensors(length, gold, known, pad)
+    grid = gold_label_grid(rows, lengths, L, K, N_LABELS)
+    unknown = unknown_spans(flags | (torch.arange(L) >= length), K) & span_mask(lengths, L, K)
+    head = FilteredSemiCRFHead(8, N_LABELS, max_width=K, null_tokens=True).double()
+    local = torch.randn(1, L, K, C, dtype=torch.float64)
+    local[..., 0] -= 0.5
+    glob = torch.randn(1, L, K, C, dtype=torch.float64)
+    mask, labels = training_nodes(local, lengths, grid, overlapping_only=False)
+    scores = glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    got = head._null_tokens_loss(scores, mask, labels, glob, grid, unknown)
+    start, width = mask[0].nonzero(as_tuple=True)
+    nodes = [(s, s + w, int(labels[0, s, w]), float(scores[0, s, w]))
+             for s, w in zip(start.tolist(), width.tolist())]
+    null = glob[0, :, 0, 0].tolist()
+    covered = {t for s, e, _, _ in nodes for t in range(s, e + 1)}
+    values, consistent = [], []
+    for chosen in nonoverlapping_sets([(s, e) for s, e, _, _ in nodes]):
+        on = {t for k in chosen for t in range(nodes[k][0], nodes[k][1] + 1)}
+        value = sum(nodes[k][3] for k in chosen) + sum(null[t] for t in covered - on)
+        values.append(value)
+        if _consistent([nodes[k][:3] for k in chosen], gold, known):
+            consistent.append(value)
+    expected = _logsumexp(values) - _logsumexp(consistent)
+    assert float(got) == pytest.approx(expected, abs=1e-9)
 
 
 # ----------------------------------------------------------------------------- the component
@@ -272,13 +302,15 @@ def test_a_gold_entity_wider_than_the_span_heads_reach_is_unknown_there():
     assert gold.tolist() == [[0, 1, 4, ner.labels.index("ORG") + 1]] and known is None
 
 
-@pytest.mark.parametrize("arch", ["FilteredSemiCRF", "SemiCRF", "LinearCRF"])
-def test_a_pipeline_learns_from_partly_annotated_documents(arch):
+@pytest.mark.parametrize("arch, settings", [("FilteredSemiCRF", {}), ("SemiCRF", {}),
+                                            ("LinearCRF", {}),
+                                            ("FilteredSemiCRF", {"null_tokens": True})])
+def test_a_pipeline_learns_from_partly_annotated_documents(arch, settings):
     """Each training text twice, once with its second half unannotated: training runs, its
     loss falls, and the pipeline finds the training entities."""
     from .conftest import TRAIN_DATA, gold_set, make_examples, predicted_set, train_pipeline
 
-    nlp, _ = _pipeline(f"spacy-fsemicrf.{arch}.v1")
+    nlp, _ = _pipeline(f"spacy-fsemicrf.{arch}.v1", **settings)
     examples = make_examples(nlp)
     for eg in make_examples(nlp):
         tokens = list(eg.reference)
@@ -291,43 +323,3 @@ def test_a_pipeline_learns_from_partly_annotated_documents(arch):
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] / 4
     docs = list(nlp.pipe([text for text, _ in TRAIN_DATA]))
     assert predicted_set(docs) == gold_set(nlp)
-
-
-def test_a_null_tokens_head_learns_unknown_tokens_as_outside_with_a_warning(caplog):
-    import logging
-
-    nlp, ner = _pipeline(null_tokens=True)
-    words = ["John", "flew", "to", "Paris", "."]
-    partial = _example(nlp, words, ["B-PER", "O", "", "", ""])
-    nlp.initialize(lambda: [partial])
-    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
-        assert ner._gold([partial, partial])[2] is None
-        nlp.update([partial])
-    messages = [r.getMessage() for r in caplog.records if "null_tokens" in r.getMessage()]
-    assert messages == [
-        "fsemicrf_ner: the training data has tokens without entity annotation (or gold "
-        "entities the head cannot hold); a head with null_tokens = true learns them as outside "
-        "any entity (with null_tokens = false they count as unknown)."]
-
-
-def test_an_aligned_entity_after_a_whitespace_difference_is_not_taken_for_a_misaligned_one():
-    """The predicted text has a whitespace token the reference lacks: the character offsets
-    of the entities after it differ, their tokens still align. Only "Mary" (inside the
-    predicted token "Mary-Lee") is left out; "Paris" is learned, its tokens known."""
-    from spacy.tokens import Doc
-    from spacy.training import Example
-
-    nlp, ner = _pipeline()
-    predicted = Doc(nlp.vocab, words=["I", " ", "met", "Mary-Lee", "in", "Paris", "."],
-                    spaces=[True, False, True, True, True, True, False])
-    reference = Doc(nlp.vocab, words=["I", "met", "Mary", "-", "Lee", "in", "Paris", "."],
-                    spaces=[True, True, False, False, True, True, True, False],
-                    ents=["O", "O", "B-PER", "O", "O", "O", "B-LOC", "O"])
-    eg = Example(predicted, reference)
-    nlp.initialize(lambda: [eg])
-    gold, _, known = ner._gold([eg])
-    assert gold.tolist() == [[0, 5, 5, ner.labels.index("LOC") + 1]]
-    assert known[0].tolist() == [True, True, True, False, True, True, True]
-    assert ner.n_misaligned_dropped == 1
-    losses = nlp.update([eg])
-    assert math.isfinite(losses["fsemicrf_ner"])

@@ -436,9 +436,6 @@ class FilteredSemiCRFHead(nn.Module):
         grid = gold_label_grid(gold, lengths, L, K, C - 1)
         valid = span_mask(lengths, L, K)
         known = partial_annotation(known, lengths, L, gold)
-        if known is not None and self.null_tokens:
-            raise ValueError("a head with null_tokens learns from fully annotated documents "
-                             "only: its graph has no paths over unknown tokens")
         unknown = None if known is None else unknown_spans(known, K) & valid
         ce = nn.functional.cross_entropy(
             wide(local.reshape(-1, C)), grid.reshape(-1), reduction="none"
@@ -468,7 +465,7 @@ class FilteredSemiCRFHead(nn.Module):
             refined = refined.to(scores.dtype)
             scores = scores.reshape(-1).index_copy(0, index, refined).view_as(scores)
         if self.null_tokens:
-            return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid)
+            return loss_local + self._null_tokens_loss(scores, mask, labels, glob, grid, unknown)
         T = None if self.transitions is None else wide(self.transitions)
         log_z = filtered.filtered_log_partition(scores, mask, labels, T)
         if unknown is None:
@@ -479,10 +476,14 @@ class FilteredSemiCRFHead(nn.Module):
 
     def _null_tokens_loss(
         self, scores: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
-        glob: torch.Tensor, grid: torch.Tensor,
+        glob: torch.Tensor, grid: torch.Tensor, unknown: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """``log Z - gold score`` summed, on the graph of the training nodes with null tokens:
-        the gold path is the gold spans plus the nulls of the tokens they leave uncovered."""
+        the gold path is the gold spans plus the nulls of the tokens they leave uncovered. With
+        ``unknown`` (the spans of tokens without annotation only) the gold score is the log-sum
+        over the sets that hold the gold spans and otherwise only such nodes: the gold spans,
+        the nulls of the tokens neither they nor those nodes cover, and the log Z of those
+        nodes with their own null tokens."""
         index = filtered.grid_index(mask)
         nodes = filtered.NodeSet(index, labels.view(-1)[index], scores.view(-1)[index],
                                  tuple(mask.shape))
@@ -493,7 +494,15 @@ class FilteredSemiCRFHead(nn.Module):
         gold_nodes = torch.zeros_like(log_z).index_add(
             0, index // (mask.shape[1] * mask.shape[2]), nodes.scores * on_gold
         )
-        return (log_z - gold_nodes - null_token_scores(nodes, null, on_gold)).sum()
+        if unknown is None:
+            return (log_z - gold_nodes - null_token_scores(nodes, null, on_gold)).sum()
+        free = unknown.view(-1)[index]  # nodes of unknown tokens only: on a path or not
+        free_nodes = filtered.NodeSet(index[free], nodes.labels[free], nodes.scores[free],
+                                      nodes.shape)
+        free_z = filtered.solve_node_set(add_null_tokens(free_nodes, null).nodes, None,
+                                         "log_z").total
+        rest = null_token_scores(nodes, null, on_gold | free)
+        return (log_z - gold_nodes - rest - free_z).sum()
 
     @staticmethod
     def _null_scores(glob: torch.Tensor) -> torch.Tensor:
