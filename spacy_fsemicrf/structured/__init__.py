@@ -18,6 +18,7 @@ Each dynamic program is described in docs/algorithm.md and tested against brute 
 """
 from .filtered import (
     NodeSet,
+    consistent_log_score,
     decode_node_set,
     filtered_decode,
     filtered_log_partition,
@@ -40,6 +41,7 @@ __all__ = [
     "NodeSet",
     "SemiCRFHead",
     "SpanFeaturizer",
+    "consistent_log_score",
     "decode_node_set",
     "filtered_decode",
     "filtered_log_partition",
