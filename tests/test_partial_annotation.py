@@ -16,7 +16,11 @@ from spacy_fsemicrf.structured.linear_crf import (
     spans_to_tags,
     tag_scheme,
 )
-from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask, unknown_spans
+from spacy_fsemicrf.structured.spans import (
+    gold_label_grid,
+    span_mask,
+    unknown_spans,
+)
 
 from .bruteforce import (
     entities_by_definition,
@@ -132,15 +136,84 @@ def test_filtered_consistent_score_is_the_log_sum_over_consistent_maximal_paths(
     assert float(got) == pytest.approx(_logsumexp(values), abs=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_the_filtered_heads_loss_with_unknown_tokens_by_enumeration(seed):
+    """The head's loss from given local and global scores: the local cross-entropy without the
+    spans of unknown tokens only, plus log Z of the training graph (the gold nodes and the
+    filter's nodes that overlap them or lie on unknown tokens only) minus the log-sum over its
+    maximal paths consistent with the annotation, with transitions."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    K, C = rng.randint(1, 3), N_LABELS + 1
+    length, gold, known = _case(rng, 6, K)
+    pad = rng.randint(0, 1)
+    L = length + pad
+    head = FilteredSemiCRFHead(8, N_LABELS, max_width=K, dropout=0.0, transitions=True).double()
+    with torch.no_grad():
+        head.transitions.normal_()
+    rows, flags, lengths = _tensors(length, gold, known, pad)
+    local = torch.randn(1, L, K, C, dtype=torch.float64)
+    local[..., 0] -= 0.5
+    glob = torch.randn(1, L, K, C, dtype=torch.float64)
+    with torch.no_grad():
+        got = float(head.loss(local, glob, lengths, rows, known=flags))
+    gold_label = {(s, e): c for s, e, c in gold}
+    expected, nodes = 0.0, []
+    for s in range(length):
+        for e in range(s, min(s + K, length)):
+            w = e - s
+            on_unknown = not any(known[s:e + 1])
+            label = gold_label.get((s, e), 0)
+            if not on_unknown:
+                log_p = torch.log_softmax(local[0, s, w], -1)[label]
+                expected -= (1.0 if label else head.null_weight) * float(log_p)
+            best = int(local[0, s, w].argmax())
+            overlaps = any(s <= ge and gs <= e for gs, ge, _ in gold)
+            if label or (best > 0 and (overlaps or on_unknown)):
+                label = label or best
+                nodes.append((s, e, label, float(glob[0, s, w, label])))
+    enum = filtered_enumerate(nodes, head.transitions.detach())
+    consistent = [v for path, v in enum.paths
+                  if _consistent([nodes[k][:3] for k in path], gold, known)]
+    expected += _logsumexp([v for _, v in enum.paths]) - _logsumexp(consistent)
+    assert got == pytest.approx(expected, abs=1e-9)
+
+
+def test_unknown_spans_marks_the_spans_of_unknown_tokens_only():
+    known = torch.tensor([[True, False, False, True], [False, False, True, True]])
+    got = unknown_spans(known, 2)
+    # (entries past the end read as ending at the last token)
+    assert got.tolist() == [[[False, False], [True, True], [True, False], [False, False]],
+                            [[True, True], [True, False], [False, False], [False, False]]]
+    assert unknown_spans(torch.zeros(3, 0, dtype=torch.bool), 2).shape == (3, 0, 2)
+    with pytest.raises(ValueError, match=r"^known must be a BoolTensor \[B, L\], True at the "
+                       r"tokens that have entity annotation, got Tensor torch.float32 \(2, 4\)$"):
+        unknown_spans(known.float(), 2)
+
+
+def test_a_gold_label_beyond_the_heads_labels_is_refused_with_unknown_tokens():
+    """As without ``known``: the exact semi-CRF's consistent score checks the gold labels."""
+    scores, lengths = torch.randn(1, 4, 2, N_LABELS + 1), torch.tensor([4])
+    known = torch.tensor([[True, True, False, False]])
+    for label in (N_LABELS + 1, N_LABELS + 2):
+        gold = torch.tensor([[0, 0, 1, label]])
+        for flags in (known, None):
+            with pytest.raises(ValueError, match=f"^gold span label {label} is not one of the "
+                               f"{N_LABELS} labels$"):
+                semicrf_consistent_score(scores, lengths, gold, None, flags)
+
+
 HEADS = {"Filtered": FilteredSemiCRFHead, "SemiCRF": SemiCRFHead, "LinearCRF": LinearCRFHead}
 
 
-@pytest.mark.parametrize("name", sorted(HEADS))
-def test_a_document_without_annotation_costs_nothing(name):
+@pytest.mark.parametrize("name, settings", [(name, {}) for name in sorted(HEADS)]
+                         + [("Filtered", {"exact_loss": 1.0})])
+def test_a_document_without_annotation_costs_nothing(name, settings):
     """No known token and no gold entity: every path is consistent, the gold score is log Z,
-    and a span head's local loss has no target: the loss is 0 and teaches nothing."""
+    and a span head's local loss has no target: the loss is 0 and teaches nothing (the exact
+    semi-CRF term of a filtered head too)."""
     torch.manual_seed(0)
-    head = HEADS[name](8, N_LABELS, max_width=3, dropout=0.0)
+    head = HEADS[name](8, N_LABELS, max_width=3, dropout=0.0, **settings)
     X = torch.randn(2, 6, 8, requires_grad=True)
     lengths = torch.tensor([6, 4])
     loss = head(X, lengths, torch.zeros((0, 4), dtype=torch.long),
@@ -174,9 +247,11 @@ def test_unknown_tokens_lower_the_loss_and_a_contradiction_is_refused(name):
     with torch.no_grad():
         assert float(head(X, lengths, gold, known=known)) < float(head(X, lengths, gold))
     known[0, 2] = False  # a token of the gold span (0, 1, 2)
-    with pytest.raises(ValueError, match="^known is False at a token of a gold span"):
+    with pytest.raises(ValueError, match="^known is False at a token of a gold span: the "
+                       "tokens of an annotated entity are known$"):
         head(X, lengths, gold, known=known)
-    with pytest.raises(ValueError, match=r"^known must be a BoolTensor \[2, 6\]"):
+    with pytest.raises(ValueError, match=r"^known must be a BoolTensor \[2, 6\], True at the "
+                       r"tokens that have entity annotation, got Tensor torch.int64 \(2, 6\)$"):
         head(X, lengths, gold, known=known.long())
 
 
@@ -286,6 +361,41 @@ def test_a_whitespace_token_without_annotation_is_outside_any_entity_as_for_spac
     nlp.initialize(lambda: [eg])
     assert eg.get_aligned_ner() == ["U-PER", "O", "O", None, None]
     assert ner._gold([eg])[2][0].tolist() == [True, True, True, False, False]
+
+
+def test_a_reference_token_no_predicted_token_covers_leaves_every_token_known():
+    """An unannotated whitespace token of the corpus that the pipeline's tokenizer leaves out
+    is no predicted token: every predicted token is known, which reads as None."""
+    import spacy
+    from spacy.tokens import Doc
+    from spacy.training import Example
+
+    from spacy_fsemicrf.partial import known_tokens
+
+    vocab = spacy.blank("en").vocab
+    reference = Doc(vocab, words=["Hello", " ", "Mary"], spaces=[True, False, False],
+                    ents=["O", "", "B-PER"])
+    predicted = Doc(vocab, words=["Hello", "Mary"])
+    assert known_tokens(Example(predicted, reference)) is None
+
+
+def test_an_aligned_entity_after_a_whitespace_token_stays_known_beside_a_misaligned_one():
+    """The corpus has a whitespace token the pipeline's tokenizer leaves out, so "John" starts
+    at another character in each doc: it is aligned all the same, trains as annotated and is
+    no misaligned entity, while "Mary-" (no token edge of the predicted doc) is one."""
+    from spacy.tokens import Doc
+    from spacy.training import Example
+
+    nlp, ner = _pipeline()
+    reference = Doc(nlp.vocab, words=["Mary", "-", "Lee", "met", " ", "John"],
+                    spaces=[False, False, True, True, False, False],
+                    ents=["B-PER", "I-PER", "O", "O", "O", "B-PER"])
+    eg = Example(Doc(nlp.vocab, words=["Mary-Lee", "met", "John"]), reference)
+    nlp.initialize(lambda: [eg])
+    gold, _, known = ner._gold([eg])
+    assert gold.tolist() == [[0, 2, 2, ner.labels.index("PER") + 1]]
+    assert known[0].tolist() == [False, True, True] and ner.n_misaligned_dropped == 1
+    nlp.update([eg])  # (a gold entity on an unknown token is refused)
 
 
 def test_a_gold_entity_wider_than_the_span_heads_reach_is_unknown_there():
