@@ -389,7 +389,7 @@ def _build_automaton(components: List[_Component], n_symbols: int) -> Automaton:
     start = tuple(0 for _ in components)
     ids: Dict[Tuple[int, ...], int] = {start: 0}
     queue = [start]
-    while queue:  # breadth-first over the reachable states
+    while queue:  # depth-first (pop from the end) over the reachable states
         state = queue.pop()
         successors = [step(state, c) for c in range(n_symbols)] + [cross(state, x) for x in (1, 2)]
         for nxt in successors:
