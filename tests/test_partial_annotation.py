@@ -3,6 +3,7 @@ tokens without entity annotation) against enumeration of the paths consistent wi
 annotation, on small random inputs."""
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -253,6 +254,19 @@ def test_unknown_tokens_lower_the_loss_and_a_contradiction_is_refused(name):
     with pytest.raises(ValueError, match=r"^known must be a BoolTensor \[2, 6\], True at the "
                        r"tokens that have entity annotation, got Tensor torch.int64 \(2, 6\)$"):
         head(X, lengths, gold, known=known.long())
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_bad_gold_rows_are_refused_with_unknown_tokens_as_without(name):
+    """The gold rows are checked before ``known`` is read at them: a row of a document outside
+    the batch, past its document's end, or a list of rows, is the error it is without."""
+    head, X, lengths, _, known = _batch(name)
+    known[0, 4:] = False
+    for gold in (torch.tensor([[2, 0, 0, 1]]), torch.tensor([[1, 3, 5, 1]]), [[0, 1, 2, 1]]):
+        with pytest.raises((ValueError, TypeError)) as without:
+            head(X, lengths, gold)
+        with pytest.raises(without.type, match=f"^{re.escape(str(without.value))}$"):
+            head(X, lengths, gold, known=known)
 
 
 @pytest.mark.parametrize("seed", range(12))

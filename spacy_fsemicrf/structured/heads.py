@@ -788,10 +788,11 @@ def semicrf_consistent_score(
     of every segmentation consistent with the annotation (:func:`~.spans.consistent_segments`),
     so that the loss claims nothing about the unknown tokens."""
     B, L, K, C = scores.shape
+    # (the grid checks the gold rows, which partial_annotation reads, as semicrf_gold_score does)
+    grid = None if known is None else gold_label_grid(gold, lengths, L, K, C - 1)
     known = partial_annotation(known, lengths, L, gold)
     if known is None:
         return semicrf_gold_score(scores, lengths, gold, transitions)
-    grid = gold_label_grid(gold, lengths, L, K, C - 1)
     allowed = consistent_segments(grid, known, C)
     return semicrf_log_partition(scores.masked_fill(~allowed, -math.inf), lengths, transitions)
 
