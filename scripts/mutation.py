@@ -89,7 +89,7 @@ GROUPS: Dict[str, Group] = {
                   "threshold_drops", "settings_round_trip", "pipeline_without_a_map",
                   "training_entities_are_recorded", "map_by_novelty_scores", "callback",
                   "command_calibrates", "benchmark_measures", "left_out_of_the_fit",
-                  "saves_nothing"],
+                  "saves_nothing", "learns_from_partly_annotated"],
         timeout_constant=10.0,  # no pipeline is trained in these tests
     ),
     "component": Group(
