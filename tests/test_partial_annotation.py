@@ -106,24 +106,32 @@ def test_crf_consistent_emissions_give_the_log_sum_over_consistent_tag_sequences
     assert float(got) == pytest.approx(_logsumexp(values), abs=1e-9)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_filtered_consistent_score_is_the_log_sum_over_consistent_maximal_paths(seed):
-    """On the training graph (gold nodes, the filter's nodes that overlap them, and its nodes
-    of unknown tokens only): the maximal paths that hold the gold nodes and otherwise only
-    nodes of unknown tokens."""
+def _grid_case(seed: int, max_pad: int):
+    """A random case of :func:`_case` as a batch of one for the filtered graph:
+    ``(K, C, gold, known, lengths, grid, unknown, local)`` with random local scores whose
+    filter keeps a fair share of the spans."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     K, C = rng.randint(1, 3), N_LABELS + 1
     length, gold, known = _case(rng, 6, K)
-    pad = rng.randint(0, 2)
+    pad = rng.randint(0, max_pad)
     L = length + pad
     rows, flags, lengths = _tensors(length, gold, known, pad)
     grid = gold_label_grid(rows, lengths, L, K, N_LABELS)
     unknown = unknown_spans(flags | (torch.arange(L) >= length), K) & span_mask(lengths, L, K)
     local = torch.randn(1, L, K, C, dtype=torch.float64)
-    local[..., 0] -= 0.5  # a filter that keeps a fair share of the spans
+    local[..., 0] -= 0.5
+    return K, C, gold, known, lengths, grid, unknown, local
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_filtered_consistent_score_is_the_log_sum_over_consistent_maximal_paths(seed):
+    """On the training graph (gold nodes, the filter's nodes that overlap them, and its nodes
+    of unknown tokens only): the maximal paths that hold the gold nodes and otherwise only
+    nodes of unknown tokens."""
+    K, C, gold, known, lengths, grid, unknown, local = _grid_case(seed, 2)
     mask, labels = training_nodes(local, lengths, grid, unknown=unknown)
-    scores = torch.randn(1, L, K, dtype=torch.float64)
+    scores = torch.randn(1, *grid.shape[1:], dtype=torch.float64)
     T = torch.randn(C + 1, C + 1, dtype=torch.float64) if seed % 2 else None
     got = consistent_log_score(scores, mask, grid > 0, unknown, labels, T)
     start, width = mask[0].nonzero(as_tuple=True)
@@ -275,19 +283,9 @@ def test_null_tokens_consistent_score_is_the_log_sum_over_consistent_sets(seed):
     filter keeps, near gold or not), the covered tokens it leaves free scoring their nulls:
     the loss's global part is log Z minus the log-sum over the sets that hold the gold nodes
     and otherwise only nodes of unknown tokens."""
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    K, C = rng.randint(1, 3), N_LABELS + 1
-    length, gold, known = _case(rng, 6, K)
-    pad = rng.randint(0, 1)
-    L = length + pad
-    rows, flags, lengths = _tensors(length, gold, known, pad)
-    grid = gold_label_grid(rows, lengths, L, K, N_LABELS)
-    unknown = unknown_spans(flags | (torch.arange(L) >= length), K) & span_mask(lengths, L, K)
+    K, C, gold, known, lengths, grid, unknown, local = _grid_case(seed, 1)
     head = FilteredSemiCRFHead(8, N_LABELS, max_width=K, null_tokens=True).double()
-    local = torch.randn(1, L, K, C, dtype=torch.float64)
-    local[..., 0] -= 0.5
-    glob = torch.randn(1, L, K, C, dtype=torch.float64)
+    glob = torch.randn(*local.shape, dtype=torch.float64)
     mask, labels = training_nodes(local, lengths, grid, overlapping_only=False)
     scores = glob.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     got = head._null_tokens_loss(scores, mask, labels, glob, grid, unknown)
