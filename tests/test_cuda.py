@@ -235,3 +235,31 @@ def test_sentence_boundaries_on_cuda_match_cpu(name):
     crossing = crossing_spans(starts, 20)
     for doc, start, end, _ in cpu.spans.tolist() + cpu.candidates[0].tolist():
         assert not crossing[doc, start, end - start]
+
+
+@pytest.mark.parametrize("name, settings", [("FilteredSemiCRF", {}),
+                                            ("FilteredSemiCRF", {"null_tokens": True}),
+                                            ("SemiCRF", {}), ("LinearCRF", {})])
+def test_partial_annotation_on_cuda_matches_cpu(name, settings):
+    """The known flags reach the head's device (given on the host or on the device): the loss
+    of a partly annotated batch and its gradient as on the CPU."""
+    torch.manual_seed(0)
+    head = HEADS[name](8, 3, max_width=4, hidden_width=16, dropout=0.0, **settings)
+    if name == "FilteredSemiCRF":  # let the local classifier keep spans, so that there is a graph
+        with torch.no_grad():
+            head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
+    X, lengths = torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
+    gold = torch.tensor([[0, 1, 2, 1], [0, 5, 5, 3], [1, 0, 3, 2]])
+    known = torch.ones((3, 20), dtype=torch.bool)
+    known[0, 8:16] = known[1, 4:7] = False
+    X_cpu = X.clone().requires_grad_()
+    loss_cpu = head(X_cpu, lengths, gold, known=known)
+    loss_cpu.backward()
+    head.cuda()
+    for given in (known, known.cuda()):
+        X_gpu = X.cuda().requires_grad_()
+        loss_gpu = head(X_gpu, lengths.cuda(), gold.cuda(), known=given)
+        loss_gpu.backward()
+        assert loss_gpu.device.type == "cuda"
+        assert torch.allclose(loss_cpu, loss_gpu.cpu(), rtol=1e-4, atol=1e-4)
+        assert torch.allclose(X_cpu.grad, X_gpu.grad.cpu(), atol=1e-4)
