@@ -465,6 +465,17 @@ def test_a_map_with_numbers_written_as_text_is_refused(bad):
         check_calibration({"method": "by_novelty", "seen": bad, "unseen": bad})
 
 
+@pytest.mark.parametrize("bad", [{"method": "platt", "slope": True, "intercept": 0.0},
+                                 {"method": "platt", "slope": 1.0, "intercept": False},
+                                 {"method": "isotonic", "x": [0.2, True], "y": [0.1, 0.9]},
+                                 {"method": "isotonic", "x": [0.2, 0.8], "y": [False, True]}])
+def test_a_map_with_bools_for_numbers_is_refused(bad):
+    """Python takes True for 1: the check took a slope of True (a map edited by hand or built
+    from a mask), as the heads' settings no longer do."""
+    with pytest.raises(ValueError, match="calibration map"):
+        check_calibration(bad)
+
+
 @pytest.mark.parametrize("value", [0.0, 0.3, 0.7, 1.0])
 def test_platt_on_raw_confidences_that_do_not_vary_is_constant(value):
     """All held-out entities at one raw confidence (one entity; a saturated head) tell no
