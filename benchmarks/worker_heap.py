@@ -11,7 +11,8 @@ with :func:`spacy_fsemicrf.worker_heap.keep_freed_heap` and without it.
   loads the pipeline, so the nanny's ``MALLOC_TRIM_THRESHOLD_=65536`` stays.
 
 Reported per way: the median wall time of ``--repeats`` interleaved runs, the speedup over
-``nlp.pipe`` in this process (PyTorch's default threads) in the same runs, and for
+``nlp.pipe`` (PyTorch's default threads) in the same state in the same runs (in a new process
+right after loading for the ways timed there, in this process for the others), and for
 ``n_process`` the page faults and system CPU time of its worker processes (their resource use
 once they have exited). Writes OUTPUT.json and OUTPUT.md.
 """
