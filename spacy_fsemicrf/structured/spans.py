@@ -114,13 +114,20 @@ def crossing_spans(sentence_starts: torch.Tensor, max_width: int) -> torch.Tenso
     not. Entries past the grid's end read as ending at its last token (they are no candidates
     anyway)."""
     check_sentence_starts(sentence_starts)
-    B, L = sentence_starts.shape
+    # the starts among a span's tokens, but a start at its first token
+    return span_token_counts(sentence_starts, max_width) > sentence_starts.unsqueeze(-1)
+
+
+def span_token_counts(flags: torch.Tensor, max_width: int) -> torch.Tensor:
+    """``LongTensor[B, L, K]``: how many tokens of each grid span are flagged, for ``flags
+    [B, L]`` (bool), from one prefix sum. Entries past the grid's end read as ending at its
+    last token (they are no candidates anyway)."""
+    B, L = flags.shape
     if L == 0:
-        return sentence_starts.new_zeros((B, 0, max_width))
-    # the sentences started up to each token: a span crosses where its last token has more
-    count = sentence_starts.long().cumsum(1)
-    ends = span_ends(L, max_width, sentence_starts.device).clamp(max=L - 1)
-    return count[:, ends] > count.unsqueeze(-1)
+        return torch.zeros((B, 0, max_width), dtype=torch.long, device=flags.device)
+    prefix = torch.nn.functional.pad(flags.long().cumsum(1), (1, 0))  # [B, L + 1]
+    ends = span_ends(L, max_width, flags.device).clamp(max=L - 1)
+    return prefix[:, ends + 1] - prefix[:, :L].unsqueeze(-1)
 
 
 def check_sentence_starts(
@@ -152,13 +159,7 @@ def unknown_spans(known: torch.Tensor, max_width: int) -> torch.Tensor:
     may be an entity of any label or none. Entries past the grid's end read as ending at its
     last token (they are no candidates anyway)."""
     check_token_flags(known, "known", "have entity annotation")
-    B, L = known.shape
-    if L == 0:
-        return known.new_zeros((B, 0, max_width))
-    count = torch.nn.functional.pad((~known).long().cumsum(1), (1, 0))  # [B, L + 1]
-    ends = span_ends(L, max_width, known.device).clamp(max=L - 1)
-    starts = torch.arange(L, device=known.device).view(-1, 1)
-    return count[:, ends + 1] - count[:, :L].unsqueeze(-1) == (ends - starts + 1)
+    return span_token_counts(known, max_width) == 0
 
 
 def partial_annotation(
@@ -365,15 +366,13 @@ def overlap_mask(span_set: torch.Tensor) -> torch.Tensor:
     """``BoolTensor[B, L, K]``: grid spans that share a token with some span of ``span_set``.
 
     ``span_set`` is a boolean grid. A span ``i..j`` overlaps the set iff one of its tokens is
-    covered, i.e. the prefix sum of the coverage differs between ``j + 1`` and ``i``.
+    covered (:func:`span_token_counts` of the coverage). Entries past the grid's end read as
+    ending at its last token.
     """
     batch, length, max_width = span_set.shape
     doc, start, width = span_set.nonzero(as_tuple=True)
     covered = token_coverage(doc, start, start + width, batch, length) > 0
-    prefix = torch.nn.functional.pad(covered.long().cumsum(1), (1, max_width))
-    ends = span_ends(length, max_width, span_set.device)
-    inside = prefix[:, ends + 1] - prefix[:, :length].unsqueeze(-1)
-    return inside > 0
+    return span_token_counts(covered, max_width) > 0
 
 
 def document_mean(x: torch.Tensor, lengths: torch.Tensor, padded: bool = True) -> torch.Tensor:
