@@ -75,6 +75,11 @@ class TagScheme:
             raise ValueError(f"{self.scheme} has no {kind!r} tags")
         return (label - 1) * len(letters) + 1 + letters.index(kind)
 
+    def continuing(self, device: Optional[torch.device] = None) -> torch.Tensor:
+        """``BoolTensor[n_tags]``: the tags that continue an entity from the token before
+        (``I``, and ``L`` in BILUO)."""
+        return torch.tensor([kind in "IL" for kind in self.kinds], device=device)
+
 
 def tag_scheme(n_labels: int, scheme: str = "BIO") -> TagScheme:
     """Build the :class:`TagScheme` for ``n_labels`` entity types (``scheme`` "BIO"/"BILUO")."""
@@ -150,8 +155,7 @@ def consistent_emissions(
     doc, _, end, _ = gold.to(device).long().view(-1, 4).unbind(-1)
     after = torch.zeros((B, L + 1), dtype=torch.bool, device=device)
     after[doc, end + 1] = True
-    inside = torch.tensor([kind in "IL" for kind in scheme.kinds], device=device)
-    allowed &= ~(after[:, :L].unsqueeze(-1) & inside)
+    allowed &= ~(after[:, :L].unsqueeze(-1) & scheme.continuing(device))
     return emissions.masked_fill(~allowed, -math.inf)
 
 
@@ -165,9 +169,8 @@ def sentence_emissions(
     if sentence_starts is None:
         return emissions
     check_sentence_starts(sentence_starts, tuple(emissions.shape[:2]))
-    inside = torch.tensor([kind in "IL" for kind in scheme.kinds], device=emissions.device)
     starts = sentence_starts.to(emissions.device).unsqueeze(-1)
-    return emissions.masked_fill(starts & inside, -math.inf)
+    return emissions.masked_fill(starts & scheme.continuing(emissions.device), -math.inf)
 
 
 def tags_to_spans(tags: torch.Tensor, lengths: torch.Tensor, scheme: TagScheme) -> torch.Tensor:
