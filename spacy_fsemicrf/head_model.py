@@ -283,17 +283,18 @@ def _pad(model: Model, Xs: Sequence[Floats2d], lengths: numpy.ndarray):
 
 
 def _pad_rows(
-    rows: Sequence, lengths: numpy.ndarray, max_len: int, dtype: str = "int64"
+    rows: Sequence, lengths: numpy.ndarray, max_len: int, dtype: str = "int64", missing: Any = 0
 ) -> numpy.ndarray:
-    """One value per token of each document (word ids, sentence starts) in a ``[B, max_len]``
-    array (0 at padding, which no head reads, and for a row of None)."""
+    """One value per token of each document (word ids, sentence starts, known tokens) in a
+    ``[B, max_len]`` array (0 at padding, which no head reads; ``missing`` for the tokens of a
+    row of None)."""
     if len(rows) and int(lengths.min()) == max_len and all(r is not None for r in rows):
         return numpy.stack([numpy.asarray(r[:max_len], dtype=dtype) for r in rows])
     padded = numpy.zeros((len(rows), max_len), dtype=dtype)
     for i, r in enumerate(rows):
         n = int(lengths[i])
-        if n and r is not None:
-            padded[i, :n] = numpy.asarray(r[:n], dtype=dtype)
+        if n:
+            padded[i, :n] = missing if r is None else numpy.asarray(r[:n], dtype=dtype)
     return padded
 
 
@@ -317,9 +318,7 @@ def _to_torch_args(
         gold_np = numpy.asarray(gold_np, dtype="int64").reshape(-1, 4)
         kwargs["gold"] = torch.as_tensor(gold_np, dtype=torch.long).to(device)
         if inputs.known is not None:  # (a document without flags is known everywhere)
-            rows = [numpy.ones(int(n), dtype=bool) if k is None else k
-                    for k, n in zip(inputs.known, lengths)]
-            known = _pad_rows(rows, lengths, padded.shape[1], "bool")
+            known = _pad_rows(inputs.known, lengths, padded.shape[1], "bool", missing=True)
             kwargs["known"] = _as_tensor(known, device)
     else:
         if inputs.filter_margin:

@@ -445,3 +445,15 @@ def test_a_pipeline_learns_from_partly_annotated_documents(arch, settings):
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] / 4
     docs = list(nlp.pipe([text for text, _ in TRAIN_DATA]))
     assert predicted_set(docs) == gold_set(nlp)
+
+
+def test_a_document_without_flags_is_known_on_every_token_in_the_padded_batch():
+    """The component gives None for a fully annotated document beside a partly annotated one:
+    its row of the head's ``known`` is True on its tokens (0 at padding, which is not read)."""
+    import numpy
+
+    from spacy_fsemicrf.head_model import _pad_rows
+
+    rows = [None, numpy.array([True, False]), None]
+    padded = _pad_rows(rows, numpy.array([3, 2, 0]), 3, "bool", missing=True)
+    assert padded.tolist() == [[True, True, True], [True, False, False], [False] * 3]
