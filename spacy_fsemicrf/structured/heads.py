@@ -451,10 +451,10 @@ class FilteredSemiCRFHead(nn.Module):
             loss_local = loss_local + self._smoothing_correction(local, lengths, gold)
         if self.exact_loss > 0:
             exact = wide(glob)
+            gold_exact = (semicrf_gold_score(exact, lengths, gold, None) if known is None
+                          else _consistent_log_z(exact, lengths, grid, known, None))
             loss_local = loss_local + self.exact_loss * (
-                semicrf_log_partition(exact, lengths, None)
-                - semicrf_consistent_score(exact, lengths, gold, None, known)
-            ).sum()
+                semicrf_log_partition(exact, lengths, None) - gold_exact).sum()
         mask, labels = filtered.training_nodes(local.detach(), lengths, grid,
                                                overlapping_only=not self.null_tokens,
                                                margin=self.train_margin, unknown=unknown)
@@ -793,7 +793,16 @@ def semicrf_consistent_score(
     known = partial_annotation(known, lengths, L, gold)
     if known is None:
         return semicrf_gold_score(scores, lengths, gold, transitions)
-    allowed = consistent_segments(grid, known, C)
+    return _consistent_log_z(scores, lengths, grid, known, transitions)
+
+
+def _consistent_log_z(
+    scores: torch.Tensor, lengths: torch.Tensor, grid: torch.Tensor, known: torch.Tensor,
+    transitions: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """:func:`semicrf_consistent_score` for a checked ``known`` (:func:`partial_annotation`)
+    with unknown tokens, from the gold ``grid`` (:func:`gold_label_grid`)."""
+    allowed = consistent_segments(grid, known, scores.shape[-1])
     return semicrf_log_partition(scores.masked_fill(~allowed, -math.inf), lengths, transitions)
 
 
