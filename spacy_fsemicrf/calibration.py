@@ -33,7 +33,6 @@ entity annotation.
 import argparse
 import logging
 import math
-import numbers
 import sys
 import warnings
 from pathlib import Path
@@ -48,6 +47,8 @@ from spacy.training import Corpus, Example, validate_examples
 from spacy.training.corpus import walk_corpus
 from spacy.util import dot_to_object, minibatch, registry
 from thinc.api import ConfigValidationError
+
+from .structured.spans import is_real
 
 
 logger = logging.getLogger("spacy_fsemicrf")
@@ -262,11 +263,6 @@ def seen_flags(docs: List[Doc], rows: numpy.ndarray, seen_keys: numpy.ndarray) -
     return seen_keys[at] == keys
 
 
-def _is_number(value: Any) -> bool:
-    """A real number, not a bool (an int to Python: a slope of True was taken as 1)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
     """``calibration`` if it is None, a copy of it in plain Python numbers and lists if it is a
     valid map (NumPy's, which a map built in Python may hold, are no JSON for the saved cfg),
@@ -284,14 +280,14 @@ def check_calibration(calibration: Any) -> Optional[Dict[str, Any]]:
         # cannot compute with (a map written or edited by hand)
         if calibration["method"] == "platt":
             slope, intercept = calibration["slope"], calibration["intercept"]
-            ok = (_is_number(slope) and _is_number(intercept)
+            ok = (is_real(slope) and is_real(intercept)
                   and math.isfinite(slope) and math.isfinite(intercept) and slope >= 0)
         else:
             x = numpy.asarray(calibration["x"], dtype="float64")
             y = numpy.asarray(calibration["y"], dtype="float64")
             ok = (
                 calibration["method"] == "isotonic"
-                and all(_is_number(v) for v in [*calibration["x"], *calibration["y"]])
+                and all(is_real(v) for v in [*calibration["x"], *calibration["y"]])
                 and x.ndim == 1 and x.shape == y.shape
                 and bool(numpy.isfinite(x).all() and (numpy.diff(x) > 0).all())
                 and bool(((y >= 0) & (y <= 1)).all() and (numpy.diff(y) >= 0).all())

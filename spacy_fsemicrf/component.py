@@ -49,6 +49,7 @@ from .partial import known_tokens
 from .structured.heads import HEADS
 from .structured.nbest import Segmentation
 from .structured.prediction import DecodeOptions
+from .structured.spans import is_real
 
 logger = logging.getLogger("spacy_fsemicrf")
 
@@ -292,7 +293,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         filters = self.model.attrs.get("arch") == "FilteredSemiCRF"
         if margin is None:  # the head's default
             margin = DEFAULT_FILTER_MARGIN if filters else 0.0
-        if not _real(margin) or not math.isfinite(margin):
+        if not is_real(margin) or not math.isfinite(margin):
             raise ValueError(f"filter_margin must be a finite number or None, got {margin!r}")
         if margin and not filters:
             raise ValueError(
@@ -309,7 +310,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     @threshold.setter
     def threshold(self, value: float) -> None:
-        if not _real(value) or not 0 <= value <= 1:
+        if not is_real(value) or not 0 <= value <= 1:
             raise ValueError(f"threshold must be a number in [0, 1], got {value!r}")
         self._threshold = float(value)
 
@@ -991,12 +992,6 @@ def _held_by_constraints(
         if not satisfies(found.program, kept, len(doc), found.sentence_starts):
             held[lo:hi] = True
     return held
-
-
-def _real(value: Any) -> bool:
-    """Whether ``value`` is a real number, not a bool: a NumPy one too, such as a float32 score
-    of ``doc.spans[spans_key].attrs["scores"]`` taken as a threshold."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, numpy.bool_))
 
 
 def _integer(value: Any) -> bool:

@@ -42,11 +42,17 @@ def check_integer(name: str, value: Any, minimum: Optional[int] = None) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (NumPy's too), not a bool, which Python takes for an
+    integer."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, numpy.bool_))
+
+
 def check_number(name: str, value: Any) -> None:
     """A ``ValueError`` unless the setting ``name`` is a finite real number, not a bool: NaN
     passes every ``<`` check, so a weight of NaN was taken, and turned off what it weighs;
     an infinite weight made the loss infinite or NaN at the first step."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    if not is_real(value) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
