@@ -144,7 +144,9 @@ def flattened(curve: List[Dict[str, Any]]) -> Optional[float]:
 
 def report(work: Path, output: Path) -> Dict[str, Any]:
     status = read_json(work / "status.json") or {}
-    speeds = {batch: read_json(work / f"speed_b{batch}.json") for batch in (64, 512)}
+    # batch sizes as strings, as the JSON file gives them back: the table renders the same
+    # from the data and from gpu_check.json
+    speeds = {str(batch): read_json(work / f"speed_b{batch}.json") for batch in (64, 512)}
     pipelines = {name: pipeline_report(work, name, speeds) for name in PIPELINES}
     for rep in pipelines.values():
         rep["dev_f1_gain_last_third"] = flattened(rep["dev_f1_curve"])
@@ -191,8 +193,8 @@ def markdown(data: Dict[str, Any]) -> str:
             f"| {fmt(r['train_peak_gpu_mb'], '.0f')} | {fmt(r.get('predict_peak_gpu_mb_batch64'), '.0f')} "
             f"| {fmt(r.get('predict_peak_gpu_mb_batch512'), '.0f')} |")
     enc = data["transformer_alone_words_per_s"]
-    lines += ["", f"Transformer alone: {fmt(enc.get(64), '.0f')} words/s at batch 64, "
-              f"{fmt(enc.get(512), '.0f')} at batch 512.", "", "Dev F1 by step:", ""]
+    lines += ["", f"Transformer alone: {fmt(enc.get('64'), '.0f')} words/s at batch 64, "
+              f"{fmt(enc.get('512'), '.0f')} at batch 512.", "", "Dev F1 by step:", ""]
     for name, r in data["pipelines"].items():
         lines.append(f"* {name}: " + ", ".join(f"{row['step']}: {fmt(row['dev_f1'])}" for row in r["dev_f1_curve"]))
     if data["cpu_gpu_agreement"]:

@@ -209,6 +209,23 @@ def test_gpu_check_agree_writes_into_a_new_folder(files, monkeypatch):
     assert json.loads(out.read_text()) == {"a": {"docs": 3}}
 
 
+def test_gpu_check_report_renders_the_same_from_its_json(tmp_path):
+    """Before: the batch sizes were integers in the data and strings in gpu_check.json, so the
+    table made again from the JSON file had no transformer-alone figures."""
+    gpu_check = load("gpu_check")
+    speed = {"machine": {"gpu": "stand-in"}, "pipelines": {"fsemicrf-trf": {
+        "accuracy": {"f": 0.9}, "speed": {"wps": 500.0}}},
+        "speed": {"ner-trf": {"wps": 400.0}, "ner-trf:transformer alone": {"wps": 1234.0}}}
+    (tmp_path / "speed_b64.json").write_text(json.dumps(speed))
+    data = gpu_check.report(tmp_path, tmp_path / "out")
+    table = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "Transformer alone: 1234 words/s at batch 64, – at batch 512." in table
+    assert "| 500 | 1.25x | 0.41x |" in table
+    again = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert again == data
+    assert gpu_check.markdown(again) == table
+
+
 @pytest.mark.parametrize("script, args, message", [
     ("bench_structured", ["--repeats", "0"], "--repeats: must be at least 1, got 0"),
     ("bench_structured", ["--lengths", "16", "0"], "--lengths: must be at least 1, got 0"),
