@@ -2,6 +2,7 @@
 
     annotate    annotate a corpus with any spaCy pipeline on Dask (spacy_fsemicrf.annotate)
     calibrate   fit the score calibration map of a trained pipeline (spacy_fsemicrf.calibration)
+    debug-data  the entity checks of spacy debug data for fsemicrf_ner (spacy_fsemicrf.debug_data)
 
 ``python -m spacy_fsemicrf COMMAND --help`` describes each.
 """
@@ -13,6 +14,7 @@ from typing import List
 COMMANDS = {
     "annotate": "spacy_fsemicrf.annotate.cli",
     "calibrate": "spacy_fsemicrf.calibration",
+    "debug-data": "spacy_fsemicrf.debug_data",
 }
 
 

@@ -45,6 +45,7 @@ from .structured.constraints import (
     Constraint, DocConstraints, ForceSpan, constraints_to_dicts, satisfies, trim_span)
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
+from .gold import example_entities
 from .partial import known_tokens
 from .structured.heads import HEADS
 from .structured.nbest import Segmentation
@@ -566,12 +567,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         known: List[Optional[numpy.ndarray]] = [None] * len(examples)
         n_wide = widest = n_misaligned = 0
         for i, eg in enumerate(examples):
-            ref = eg.reference
-            if not ref.has_annotation("ENT_IOB"):
+            split = example_entities(eg, limit)
+            if split is None:
                 continue
             mask[i] = True
-            ents = ref.ents
-            for ent in ents:
+            for ent in eg.reference.ents:
                 if ent.label_ not in label_ids:
                     raise ValueError(
                         f"[{self.name}] The training data has an entity with the label "
@@ -582,20 +582,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                         f"trained with, as spaCy's spancat does (spacy train does not "
                         f"initialize it): to learn a new label, train it anew, not sourced."
                     )
-            aligned = eg.get_aligned_spans_y2x(ents, allow_overlap=False)
-            misaligned: List[Span] = []
-            if len(aligned) < len(ents):  # which ones, one by one (rare: a tokenizer mismatch)
-                misaligned = [e for e in ents if not eg.get_aligned_spans_y2x([e])]
-                n_misaligned += len(misaligned)
-            wide = []
-            for ent in aligned:
-                if limit is not None and len(ent) > limit:
-                    wide.append(ent)
-                    widest = max(widest, len(ent))
-                    continue
-                rows.append((i, ent.start, ent.end - 1, label_ids[ent.label_]))
-            n_wide += len(wide)
-            known[i] = known_tokens(eg, misaligned, wide)
+            rows.extend((i, ent.start, ent.end - 1, label_ids[ent.label_]) for ent in split.kept)
+            n_misaligned += len(split.misaligned)
+            n_wide += len(split.wide)
+            widest = max([widest] + [len(ent) for ent in split.wide])
+            known[i] = known_tokens(eg, split.misaligned, split.wide)
         if n_wide:
             self._report_wide(n_wide, widest)
         if n_misaligned:

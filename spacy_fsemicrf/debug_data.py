@@ -1,0 +1,202 @@
+"""``python -m spacy_fsemicrf debug-data CONFIG``: the entity checks of ``spacy debug data``
+for the ``fsemicrf_ner`` components of a training config.
+
+``spacy debug data`` checks the corpora, the vocabulary and the components it knows, and its
+entity checks look for a component named by spaCy's ``ner`` factory only. This command reads
+the same corpora the same way (the config's ``[training]`` train and dev corpora, command-line
+overrides applied, the pipeline's tokenizer) and reports, for each ``fsemicrf_ner`` component,
+what its training will read: the entities it trains on and those it leaves out (wider than a
+span head's ``max_width``, or not on token edges of the pipeline's tokenization), the tokens
+without entity annotation (unknown to the loss), and the dev entities it cannot predict.
+Exit status 1 when a check fails (no entity to train on), as ``spacy debug data``.
+"""
+import argparse
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional
+
+from spacy import util
+from spacy.cli._util import import_code, parse_config_overrides, show_validation_error
+from spacy.language import Language
+from spacy.schemas import ConfigSchemaTraining
+from spacy.training import Example
+from spacy.util import registry, resolve_dot_names
+from wasabi import MESSAGES, Printer
+
+from .calibration import fsemicrf_components
+from .gold import example_entities
+
+# as spacy debug data: fewer examples of a label than this are too few to learn it
+NEW_LABEL_THRESHOLD = 50
+SHOWN = 5  # examples of each problem shown with --verbose
+
+
+class CorpusReport(NamedTuple):
+    """What one component's training reads of one corpus."""
+
+    docs: int
+    annotated: int  # docs with entity annotation (the others are not read)
+    tokens: int  # tokens of the annotated docs
+    unknown: int  # tokens of them without entity annotation
+    labels: Counter  # entities kept, by label
+    wide: Counter  # entities left out for their width, by label
+    widest: int
+    misaligned: List[str]  # texts of the entities not on token edges
+    whitespace: int  # entities that start or end on a whitespace token
+    crossing: int  # entities across a sentence boundary of the reference
+
+
+def corpus_report(examples: Iterable[Example], limit: Optional[int]) -> CorpusReport:
+    """Count what a component with the width limit ``limit`` (None: no limit) reads of
+    ``examples``, entity by entity as its training does (:func:`~.gold.example_entities`)."""
+    docs = annotated = tokens = unknown = whitespace = crossing = widest = 0
+    labels: Counter = Counter()
+    wide: Counter = Counter()
+    misaligned: List[str] = []
+    for eg in examples:
+        docs += 1
+        split = example_entities(eg, limit)
+        if split is None:
+            continue
+        annotated += 1
+        ref = eg.reference
+        tokens += len(ref)
+        unknown += sum(token.ent_iob == 0 for token in ref)
+        labels.update(ent.label_ for ent in split.kept)
+        wide.update(ent.label_ for ent in split.wide)
+        widest = max([widest] + [len(ent) for ent in split.wide])
+        misaligned.extend(ent.text for ent in split.misaligned)
+        whitespace += sum(ent[0].is_space or ent[-1].is_space for ent in ref.ents)
+        if ref.has_annotation("SENT_START"):
+            crossing += sum(any(token.is_sent_start for token in ent[1:]) for ent in ref.ents)
+    return CorpusReport(docs, annotated, tokens, unknown, labels, wide, widest, misaligned,
+                        whitespace, crossing)
+
+
+def _counts(counter: Counter) -> str:
+    return ", ".join(f"'{label}' ({count})" for label, count in sorted(counter.items()))
+
+
+def report_component(
+    msg: Printer, name: str, pipe: Any, train: List[Example], dev: List[Example], verbose: bool
+) -> None:
+    """Print the checks of the component ``name`` on the ``train`` and ``dev`` examples."""
+    limit = pipe.max_width if pipe.span_head else None
+    msg.divider(f"fsemicrf_ner: {name}")
+    head = pipe.model.attrs.get("arch", "?")
+    msg.info(f"Head {head}: " + (f"entities of at most max_width={limit} tokens"
+                                 if limit is not None else "no limit on an entity's width"))
+    tr, dv = corpus_report(train, limit), corpus_report(dev, limit)
+    msg.text(f"{tr.docs} training docs, {tr.annotated} with entity annotation; {dv.docs} "
+             f"evaluation docs, {dv.annotated} with entity annotation")
+    if tr.annotated < tr.docs:
+        msg.warn(f"{tr.docs - tr.annotated} training docs have no entity annotation: training "
+                 f"reads nothing from them (annotate them with no entities to teach 'none here')")
+    if not tr.labels:
+        msg.fail("No entities to train on in the training data")
+    else:
+        msg.good(f"{sum(tr.labels.values())} entities to train on, {len(tr.labels)} label(s)")
+        msg.text(f"Labels in train data: {_counts(tr.labels)}", show=verbose)
+    if tr.unknown:
+        msg.info(f"{tr.unknown} of {tr.tokens} tokens of the annotated training docs "
+                 f"({100 * tr.unknown / tr.tokens:.1f}%) have no entity annotation: unknown to "
+                 f"the loss (an entity or none), as for spaCy's ner")
+    low = {label: n for label, n in tr.labels.items() if n <= NEW_LABEL_THRESHOLD}
+    for label, n in sorted(low.items()):
+        msg.warn(f"Low number of examples for label '{label}' ({n})")
+    if not low and tr.labels:
+        msg.good("Good amount of examples for all labels")
+    if tr.wide:
+        msg.warn(f"{sum(tr.wide.values())} training entities wider than max_width={limit} "
+                 f"tokens are left out of training (their tokens unknown): {_counts(tr.wide)}; "
+                 f"max_width={tr.widest} would keep them all")
+    elif limit is not None:
+        msg.good(f"No training entity wider than max_width={limit}")
+    for corpus, rep in (("training", tr), ("evaluation", dv)):
+        if rep.misaligned:
+            msg.warn(f"{len(rep.misaligned)} {corpus} entities do not start or end on a token "
+                     f"edge of the pipeline's tokenization: "
+                     + ("left out of training (their tokens unknown); train on the corpus's "
+                        "tokens ([corpora.train] gold_preproc = true) or adjust the tokenizer"
+                        if corpus == "training" else "the component cannot predict them"))
+            msg.text("E.g. " + ", ".join(repr(t) for t in rep.misaligned[:SHOWN]), show=verbose)
+    if not tr.misaligned and not dv.misaligned:
+        msg.good("All entities start and end on token edges of the pipeline's tokenization")
+    # a label of wide training entities only is known to the component but never trained on
+    unseen = sorted((set(dv.labels) | set(dv.wide)) - set(tr.labels))
+    if unseen:
+        msg.warn(f"Labels in the evaluation data but not in the training data, which the "
+                 f"component cannot predict: {', '.join(repr(label) for label in unseen)}")
+    if dv.wide:
+        msg.warn(f"{sum(dv.wide.values())} evaluation entities are wider than "
+                 f"max_width={limit} tokens, which the component cannot predict: "
+                 f"{_counts(dv.wide)}; max_width={dv.widest} would")
+    for corpus, rep in (("training", tr), ("evaluation", dv)):
+        if rep.whitespace:
+            msg.warn(f"{rep.whitespace} {corpus} entities start or end on a whitespace token; "
+                     f"the component never predicts one that does (it trims them)")
+        if rep.crossing:
+            msg.warn(f"{rep.crossing} {corpus} entities cross a sentence boundary; with "
+                     f"sentence boundaries set before it, the component predicts none that does")
+    if not (tr.whitespace or dv.whitespace or tr.crossing or dv.crossing):
+        msg.good("No entities starting or ending on whitespace or crossing sentence boundaries")
+
+
+def load_training(config_path: Path, overrides: Dict[str, Any]):
+    """``(nlp, train examples, dev examples)`` of a training config, as ``spacy debug data``
+    reads them (the pipeline is built, not initialized)."""
+    with show_validation_error(config_path):
+        cfg = util.load_config(config_path, overrides=overrides)
+        nlp: Language = util.load_model_from_config(cfg)
+        config = nlp.config.interpolate()
+        T = registry.resolve(config["training"], schema=ConfigSchemaTraining)
+    names = [T["train_corpus"], T["dev_corpus"]]
+    readers = resolve_dot_names(config, names)
+    corpora = []
+    for name, reader in zip(names, readers):
+        try:
+            corpora.append(list(reader(nlp)))
+        except (OSError, ValueError) as err:  # (spaCy's E1014 is a ValueError)
+            raise ValueError(f"cannot read the corpus {name}: {err}") from err
+    return nlp, corpora[0], corpora[1]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m spacy_fsemicrf debug-data CONFIG [--code PATH] [--verbose] [--no-format]
+    [--section.key value ...]``; exit status 1 when a check fails."""
+    parser = argparse.ArgumentParser(
+        prog="python -m spacy_fsemicrf debug-data",
+        description="The entity checks of spacy debug data for the fsemicrf_ner components of "
+        "a training config: what their training reads of the config's corpora.",
+        epilog="Config overrides as for spacy train, e.g. --paths.train corpus/train.spacy.",
+    )
+    parser.add_argument("config", type=Path, help="the training config (.cfg)")
+    parser.add_argument("--code", type=Path, default=None,
+                        help="Python file with the config's custom registered functions")
+    parser.add_argument("--verbose", "-V", action="store_true", help="show more detail")
+    parser.add_argument("--no-format", "-NF", action="store_true",
+                        help="plain output, without colours or symbols")
+    args, extra = parser.parse_known_args(argv)
+    if not args.config.is_file():
+        parser.error(f"no such config file: {args.config}")
+    try:
+        overrides = parse_config_overrides(list(extra))
+    except SystemExit:  # spaCy's parser says why, then exits
+        parser.error(f"cannot read the config overrides {' '.join(extra)}")
+    import_code(args.code)
+    try:
+        nlp, train, dev = load_training(args.config, overrides)
+    except ValueError as err:
+        parser.exit(1, f"{parser.prog}: error: {err}\n")
+    msg = Printer(pretty=not args.no_format)
+    names = fsemicrf_components(nlp)
+    if not names:
+        msg.fail(f"The config's pipeline has no fsemicrf_ner component (its components: "
+                 f"{', '.join(nlp.pipe_names) or 'none'})")
+    for name in names:
+        report_component(msg, name, nlp.get_pipe(name), train, dev, args.verbose)
+    counts = msg.counts
+    msg.divider("Summary")
+    msg.text(f"{counts[MESSAGES.GOOD]} checks passed, {counts[MESSAGES.WARN]} warnings, "
+             f"{counts[MESSAGES.FAIL]} errors")
+    return 1 if counts[MESSAGES.FAIL] else 0

@@ -1,0 +1,39 @@
+"""The gold entities of a training example, as the component trains on them.
+
+An entity of the reference is trained on as annotated when its edges are token edges of the
+predicted document (the pipeline's tokenizer may split the text otherwise than the corpus) and,
+for a span head, when it is at most ``max_width`` tokens wide; the others are left out and
+their tokens read as unknown (:func:`~.partial.known_tokens`). ``debug-data`` reports the same
+split, so that what it counts is what training does.
+"""
+from typing import List, NamedTuple, Optional
+
+from spacy.tokens import Span
+from spacy.training import Example
+
+
+class ExampleEntities(NamedTuple):
+    """The reference entities of one example, split as training reads them."""
+
+    kept: List[Span]  # spans of the predicted document, trained on
+    misaligned: List[Span]  # spans of the reference: no token edges of the predicted document
+    wide: List[Span]  # spans of the predicted document wider than the limit
+
+
+def example_entities(eg: Example, limit: Optional[int]) -> Optional[ExampleEntities]:
+    """The entities of ``eg.reference`` split into kept, misaligned and wide ones (wider than
+    ``limit`` tokens; no limit for None), or None when the reference has no entity annotation
+    (training reads nothing from it)."""
+    ref = eg.reference
+    if not ref.has_annotation("ENT_IOB"):
+        return None
+    ents = ref.ents
+    aligned = eg.get_aligned_spans_y2x(ents, allow_overlap=False)
+    misaligned: List[Span] = []
+    if len(aligned) < len(ents):  # which ones, one by one (rare: a tokenizer mismatch)
+        misaligned = [e for e in ents if not eg.get_aligned_spans_y2x([e])]
+    if limit is None:
+        return ExampleEntities(list(aligned), misaligned, [])
+    kept = [ent for ent in aligned if len(ent) <= limit]
+    wide = [ent for ent in aligned if len(ent) > limit]
+    return ExampleEntities(kept, misaligned, wide)

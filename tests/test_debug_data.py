@@ -1,0 +1,126 @@
+"""``python -m spacy_fsemicrf debug-data``: the entity checks of ``spacy debug data`` for the
+``fsemicrf_ner`` components of a training config count what their training reads (the split of
+:func:`spacy_fsemicrf.gold.example_entities`, which ``update`` uses too)."""
+from pathlib import Path
+
+import pytest
+import spacy
+from spacy.tokens import Doc, DocBin
+from spacy.training import Example
+
+from spacy_fsemicrf.__main__ import main as package_main
+from spacy_fsemicrf.debug_data import main
+from spacy_fsemicrf.gold import example_entities
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def doc(vocab, words, ents=None, spaces=None, sent_starts=None):
+    return Doc(vocab, words=words, spaces=spaces, ents=ents, sent_starts=sent_starts)
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """A training and a dev corpus with one of each thing the checks look for."""
+    vocab = spacy.blank("en").vocab
+    folder = tmp_path_factory.mktemp("corpora")
+    train = [
+        doc(vocab, ["Ann", "met", "the", "Bank", "of", "New", "York", "."],
+            ["B-PER", "O", "O", "B-ORG", "I-ORG", "I-ORG", "I-ORG", "O"]),
+        # "Mc" is no token of the pipeline's tokenization of "McDonald"
+        doc(vocab, ["Mc", "Donald", "sells", "."], ["B-ORG", "O", "O", "O"],
+            spaces=[False, True, False, False]),
+        doc(vocab, ["no", "annotation", "here"]),  # ENT_IOB 0 everywhere: not read
+        doc(vocab, ["Bob", "ran", "far", "away"], ["B-PER", "O", None, None]),  # partly
+        doc(vocab, ["Hi", "\n", "Ann"], ["O", "B-PER", "B-PER"], spaces=[False, False, False]),
+        doc(vocab, ["Eve", "Smith", "left"], ["B-PER", "I-PER", "O"],
+            sent_starts=[True, True, False]),  # an entity across a sentence boundary
+    ]
+    dev = [doc(vocab, ["Paris", "and", "the", "Bank", "of", "New", "York"],
+               ["B-LOC", "O", "O", "B-ORG", "I-ORG", "I-ORG", "I-ORG"])]
+    DocBin(docs=train).to_disk(folder / "train.spacy")
+    DocBin(docs=dev).to_disk(folder / "dev.spacy")
+    DocBin(docs=[doc(vocab, ["a", "b"], ["O", "O"])]).to_disk(folder / "none.spacy")
+    return folder
+
+
+def run(config, corpora, capsys, *extra, train="train.spacy"):
+    argv = [str(CONFIGS / config), "--no-format", "--paths.train", str(corpora / train),
+            "--paths.dev", str(corpora / "dev.spacy"), *extra]
+    status = main(argv)
+    return status, " ".join(capsys.readouterr().out.split())
+
+
+def test_reports_what_training_reads(corpora, capsys):
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys, "--verbose",
+                      "--components.fsemicrf_ner.model.max_width", "3")
+    assert status == 0
+    assert "Head FilteredSemiCRF: entities of at most max_width=3 tokens" in out
+    assert "6 training docs, 5 with entity annotation; 1 evaluation docs" in out
+    assert "1 training docs have no entity annotation" in out
+    # kept: Ann, Bob, the whitespace PER, Ann, Eve Smith; left out: the Bank (wide), Mc
+    assert "5 entities to train on, 1 label(s)" in out
+    assert "Labels in train data: 'PER' (5)" in out
+    assert "2 of 22 tokens of the annotated training docs (9.1%) have no entity annotation" in out
+    assert "Low number of examples for label 'PER' (5)" in out
+    assert ("1 training entities wider than max_width=3 tokens are left out of training (their "
+            "tokens unknown): 'ORG' (1); max_width=4 would keep them all") in out
+    assert "1 training entities do not start or end on a token edge" in out
+    assert "E.g. 'Mc'" in out
+    assert ("Labels in the evaluation data but not in the training data, which the component "
+            "cannot predict: 'LOC', 'ORG'") in out
+    assert "1 evaluation entities are wider than max_width=3 tokens" in out
+    assert "1 training entities start or end on a whitespace token" in out
+    assert "1 training entities cross a sentence boundary" in out
+    assert "0 errors" in out
+
+
+def test_the_linear_crf_has_no_width_limit(corpora, capsys):
+    status, out = run("crf_cnn.cfg", corpora, capsys, "--components.fsemicrf_ner.model.max_width",
+                      "3")
+    assert status == 0
+    assert "Head LinearCRF: no limit on an entity's width" in out
+    assert "6 entities to train on, 2 label(s)" in out
+    assert "wider than" not in out
+    assert "cannot predict: 'LOC'" in out  # ORG is trained on now
+
+
+def test_no_entity_to_train_on_fails(corpora, capsys):
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys, train="none.spacy")
+    assert status == 1
+    assert "No entities to train on in the training data" in out
+    assert "1 errors" in out
+
+
+def test_unreadable_corpus_and_config(corpora, capsys, tmp_path):
+    with pytest.raises(SystemExit) as err:
+        run("fsemicrf_cnn.cfg", corpora, capsys, train="missing.spacy")
+    assert err.value.code == 1
+    assert "cannot read the corpus corpora.train" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:
+        main([str(tmp_path / "none.cfg")])
+    assert err.value.code == 2
+    assert "no such config file" in capsys.readouterr().err
+
+
+def test_runs_from_the_package_command(corpora, capsys):
+    argv = ["debug-data", str(CONFIGS / "fsemicrf_cnn.cfg"), "-NF", "--paths.train",
+            str(corpora / "train.spacy"), "--paths.dev", str(corpora / "dev.spacy")]
+    assert package_main(argv) == 0
+    assert "fsemicrf_ner: fsemicrf_ner" in capsys.readouterr().out
+
+
+def test_example_entities_splits_as_training_reads():
+    nlp = spacy.blank("en")
+    ref = doc(nlp.vocab, ["Mc", "Donald", "and", "the", "Bank", "of", "Rome"],
+              ["B-ORG", "O", "O", "O", "B-ORG", "I-ORG", "I-ORG"],
+              spaces=[False, True, True, True, True, True, False])
+    eg = Example(nlp.make_doc(ref.text), ref)
+    split = example_entities(eg, 2)
+    assert [e.text for e in split.kept] == []
+    assert [e.text for e in split.misaligned] == ["Mc"]
+    assert [(e.text, e.start, e.end) for e in split.wide] == [("Bank of Rome", 3, 6)]
+    assert split.wide[0].doc is eg.predicted
+    split = example_entities(eg, None)
+    assert [e.text for e in split.kept] == ["Bank of Rome"] and not split.wide
+    assert example_entities(Example(nlp.make_doc("a b"), nlp.make_doc("a b")), 2) is None
