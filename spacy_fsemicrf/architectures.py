@@ -49,6 +49,7 @@ class ModelInput(NamedTuple):
         else a :class:`~.head_model.BatchPrediction`).
     known: training only: one bool array per document, False at the tokens without entity
         annotation (None for a document where every token has it), or None for all.
+    incorrect: training only: rows as ``gold`` of entities known to be wrong, or None.
     """
 
     docs: List[Doc]
@@ -57,6 +58,7 @@ class ModelInput(NamedTuple):
     filter_margin: float = 0.0
     options: Optional[DecodeOptions] = None
     known: Optional[List[Optional[numpy.ndarray]]] = None
+    incorrect: Optional[numpy.ndarray] = None
 
 
 @registry.architectures(FILTERED_SEMICRF)
@@ -238,8 +240,9 @@ def forward(model: Model[ModelInput, Any], X: Union[ModelInput, List[Doc]], is_t
     words = word_ids(docs) if model.attrs["word_pool"] else None
     # prediction only: training learns the gold entities as they are
     starts = sentence_flags(docs) if X.gold is None else None
+    train = X.gold is not None
     head_input = HeadInput(Xs, X.gold, X.mask, words, X.filter_margin, X.options, starts,
-                           X.known if X.gold is not None else None)
+                           X.known if train else None, X.incorrect if train else None)
     Y, backprop_head = model.get_ref("head")(head_input, is_train)
 
     def backprop(dY):

@@ -1,7 +1,9 @@
 """The ``fsemicrf_ner`` pipeline component.
 
 Training reads the gold entities from ``example.reference.ents`` (so gold entities never
-overlap). Prediction writes every decoded entity whose score reaches ``threshold`` to
+overlap), tokens without entity annotation as unknown, and with ``incorrect_spans_key`` the
+spans of ``example.reference.spans[incorrect_spans_key]`` as entities known to be wrong, as
+spaCy's ``ner`` does. Prediction writes every decoded entity whose score reaches ``threshold`` to
 ``doc.spans[spans_key]``, with their scores (probabilities that the entities are correct,
 calibrated when the pipeline has a calibration map: :mod:`.calibration`) in
 ``.attrs["scores"]`` and the probability of the document's decoded segmentation in
@@ -18,7 +20,8 @@ import math
 import multiprocessing.context
 import numbers
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import (
+    Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple)
 
 import numpy
 import srsly
@@ -45,7 +48,7 @@ from .structured.constraints import (
     Constraint, DocConstraints, ForceSpan, constraints_to_dicts, satisfies, trim_span)
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
-from .gold import example_entities
+from .gold import ExampleEntities, example_entities, incorrect_entities
 from .partial import known_tokens
 from .structured.heads import HEADS
 from .structured.nbest import Segmentation
@@ -129,6 +132,18 @@ chosen with ``boundary_smoothing = 0`` on the mean dev F1 over three corpora
 (docs/results.md, "Boundary smoothing on three corpora")."""
 
 
+class TrainingGold(NamedTuple):
+    """What a training batch's examples give the model besides their docs."""
+
+    rows: numpy.ndarray  # gold entities (doc, start, end inclusive, label 1..M)
+    mask: numpy.ndarray  # one bool per example: has entity annotation (else not read)
+    known: Optional[List[Optional[numpy.ndarray]]]  # partial.known_tokens of each doc
+    incorrect: Optional[numpy.ndarray]  # entities known to be wrong, rows as ``rows``
+
+    def model_input(self, docs: List[Doc]) -> ModelInput:
+        return ModelInput(docs, self.rows, self.mask, known=self.known, incorrect=self.incorrect)
+
+
 @Language.factory(
     "fsemicrf_ner",
     assigns=["doc.ents", "token.ent_iob", "token.ent_type", "doc.spans"],
@@ -139,6 +154,7 @@ chosen with ``boundary_smoothing = 0`` on the mean dev F1 over three corpora
         "threshold": 0.0,
         "candidates_key": None,
         "constraints": [],
+        "incorrect_spans_key": None,
         "scorer": {"@scorers": "spacy-fsemicrf.ner_scorer.v1"},
     },
     default_score_weights={
@@ -157,6 +173,7 @@ def make_fsemicrf_ner(
     threshold: float,
     candidates_key: Optional[str],
     constraints: List[Dict[str, Any]],
+    incorrect_spans_key: Optional[str],
     scorer: Optional[Callable],
 ) -> "FSemiCRFEntityRecognizer":
     """Create an ``fsemicrf_ner`` component.
@@ -183,12 +200,17 @@ def make_fsemicrf_ner(
         ``{"kind": "at_most", "label": "ORG", "n": 1, "scope": "sentence"}``; kinds: at_most,
         exactly, at_least, excludes, requires, forbid_labels, force_span). The outcome per
         document is in ``doc.spans[spans_key].attrs["constraints"]``.
+    incorrect_spans_key (Optional[str]): as for spaCy's ``ner``: the spans of a training
+        example's ``reference.spans[incorrect_spans_key]`` are entities known to be wrong
+        (a rejected suggestion of binary annotation): training learns no path that holds one,
+        and the document counts as annotated there. Span heads only; None (the default)
+        reads none.
     scorer (Optional[Callable]): defaults to ``spacy-fsemicrf.ner_scorer.v1`` (ents_p/r/f).
     """
     return FSemiCRFEntityRecognizer(
         nlp.vocab, model, name, spans_key=spans_key, filter_margin=filter_margin,
         threshold=threshold, candidates_key=candidates_key, constraints=constraints,
-        scorer=scorer,
+        incorrect_spans_key=incorrect_spans_key, scorer=scorer,
     )
 
 
@@ -210,6 +232,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         threshold: float = 0.0,
         candidates_key: Optional[str] = None,
         constraints: Optional[List[Dict[str, Any]]] = None,
+        incorrect_spans_key: Optional[str] = None,
         scorer: Optional[Callable] = ner_score,
     ) -> None:
         if model.attrs.get("arch") not in HEADS:  # say, a `ner` model block left in a config
@@ -233,6 +256,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.threshold = threshold
         self.candidates_key = candidates_key
         self.constraints = constraints or []
+        self.incorrect_spans_key = incorrect_spans_key
         self._warned_uncalibrated = False  # (initialize and loading set it)
         self._warned_unsegmented = False  # (a sentence scope on a doc without sentences)
         _prepare_process()
@@ -328,6 +352,23 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"({self.spans_key!r}), got {key!r}"
             )
         self._candidates_key = key
+
+    @property
+    def incorrect_spans_key(self) -> Optional[str]:
+        """The ``doc.spans`` key of the entities known to be wrong in the training data, or
+        None (a training setting, as for spaCy's ``ner``)."""
+        return self._incorrect_spans_key
+
+    @incorrect_spans_key.setter
+    def incorrect_spans_key(self, key: Optional[str]) -> None:
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ValueError(f"incorrect_spans_key must be None or a non-empty string, got "
+                             f"{key!r}")
+        if key is not None and not self.span_head:
+            raise ValueError(
+                f"[{self.name}] incorrect_spans_key needs a span head (FilteredSemiCRF, "
+                f"SemiCRF): the linear CRF cannot leave one entity's tags out of its paths")
+        self._incorrect_spans_key = key
 
     @property
     def constraints(self) -> List[Dict[str, Any]]:
@@ -528,12 +569,12 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if not examples:
             return losses
         docs = [eg.predicted for eg in examples]
-        gold, mask, known = self._gold(examples)
+        gold = self._gold(examples)
         self._add_seen(examples)
-        if not any(len(doc) for doc, keep in zip(docs, mask) if keep):
+        if not any(len(doc) for doc, keep in zip(docs, gold.mask) if keep):
             return losses
         set_dropout_rate(self.model, drop)
-        loss, backprop = self.model.begin_update(ModelInput(docs, gold, mask, known=known))
+        loss, backprop = self.model.begin_update(gold.model_input(docs))
         backprop(1.0)
         # a map of the old weights would misplace every score, and the threshold with them:
         # in spacy train each evaluation came after an update, with the last save's map.
@@ -552,24 +593,27 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         counted in ``n_wide_dropped``, entities whose edges are not token edges of the
         predicted doc in ``n_misaligned_dropped`` (each with a warning); the loss reads their
         tokens as unknown, as it reads the tokens without entity annotation."""
-        gold, mask, _ = self._gold(examples)
-        return gold, mask
+        gold = self._gold(examples)
+        return gold.rows, gold.mask
 
-    def _gold(
-        self, examples: List[Example]
-    ) -> Tuple[numpy.ndarray, numpy.ndarray, Optional[List[Optional[numpy.ndarray]]]]:
-        """:meth:`get_gold`, and which tokens of each predicted doc have entity annotation
-        (:func:`~.partial.known_tokens`; None for a doc, or for the batch, where all do)."""
+    def _gold(self, examples: List[Example]) -> TrainingGold:
+        """:meth:`get_gold`, which tokens of each predicted doc have entity annotation
+        (:func:`~.partial.known_tokens`; None for a doc, or for the batch, where all do), and
+        the entities known to be wrong (:meth:`_incorrect_rows`)."""
         label_ids = {label: i + 1 for i, label in enumerate(self.labels)}
         limit = self.max_width if self.span_head else None
         rows: List[Tuple[int, int, int, int]] = []
+        wrong: List[Tuple[int, int, int, int]] = []
         mask = numpy.zeros((len(examples),), dtype=bool)
         known: List[Optional[numpy.ndarray]] = [None] * len(examples)
         n_wide = widest = n_misaligned = 0
         for i, eg in enumerate(examples):
             split = example_entities(eg, limit)
-            if split is None:
+            negatives = self._incorrect_rows(eg, label_ids, limit)
+            if split is None and not negatives:
                 continue
+            if split is None:  # spans known to be wrong are annotation too (as for ner)
+                split = ExampleEntities([], [], [])
             mask[i] = True
             for ent in eg.reference.ents:
                 if ent.label_ not in label_ids:
@@ -582,7 +626,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                         f"trained with, as spaCy's spancat does (spacy train does not "
                         f"initialize it): to learn a new label, train it anew, not sourced."
                     )
-            rows.extend((i, ent.start, ent.end - 1, label_ids[ent.label_]) for ent in split.kept)
+            kept = [(i, ent.start, ent.end - 1, label_ids[ent.label_]) for ent in split.kept]
+            rows.extend(kept)
+            if negatives:
+                self._check_incorrect(eg, set(kept), negatives, i)
+                wrong.extend((i, *row) for row in negatives)
             n_misaligned += len(split.misaligned)
             n_wide += len(split.wide)
             widest = max([widest] + [len(ent) for ent in split.wide])
@@ -591,8 +639,32 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             self._report_wide(n_wide, widest)
         if n_misaligned:
             self._report_misaligned(n_misaligned)
-        gold = numpy.asarray(rows, dtype="int64").reshape(-1, 4)
-        return gold, mask, None if all(k is None for k in known) else known
+        return TrainingGold(
+            numpy.asarray(rows, dtype="int64").reshape(-1, 4), mask,
+            None if all(k is None for k in known) else known,
+            numpy.asarray(wrong, dtype="int64").reshape(-1, 4) if wrong else None)
+
+    def _incorrect_rows(
+        self, eg: Example, label_ids: Dict[str, int], limit: Optional[int]
+    ) -> List[Tuple[int, int, int]]:
+        """The entities known to be wrong of ``eg`` (:func:`~.gold.incorrect_entities`) as
+        rows ``(start, end inclusive, label 1..M)`` of the predicted doc."""
+        spans = incorrect_entities(eg, self._incorrect_spans_key, label_ids, limit)
+        return sorted({(span.start, span.end - 1, label_ids[span.label_]) for span in spans})
+
+    def _check_incorrect(
+        self, eg: Example, kept: Set[Tuple[int, int, int, int]],
+        negatives: List[Tuple[int, int, int]], i: int,
+    ) -> None:
+        """A ``ValueError`` where an entity known to be wrong is a gold entity with its label
+        (spaCy's ``ner`` refuses it too)."""
+        for start, end, label in negatives:
+            if (i, start, end, label) in kept:
+                span = eg.predicted[start : end + 1]
+                raise ValueError(
+                    f"[{self.name}] The entity {span.text!r} ({self.labels[label - 1]}) is in "
+                    f"a training example's doc.ents and in its "
+                    f"doc.spans[{self._incorrect_spans_key!r}] of entities known to be wrong")
 
     def _report_wide(self, n_wide: int, widest: int) -> None:
         before = self.n_wide_dropped
@@ -628,8 +700,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         """The loss is computed inside the model (see ``update``)."""
         examples = list(examples)
         docs = [eg.predicted for eg in examples]
-        gold, mask, known = self._gold(examples)
-        loss = self.model.predict(ModelInput(docs, gold, mask, known=known))
+        loss = self.model.predict(self._gold(examples).model_input(docs))
         return float(loss), 0.0
 
     # Prediction -------------------------------------------------------------------------------

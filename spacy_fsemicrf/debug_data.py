@@ -24,7 +24,7 @@ from spacy.util import registry, resolve_dot_names
 from wasabi import MESSAGES, Printer
 
 from .calibration import fsemicrf_components
-from .gold import example_entities
+from .gold import example_entities, incorrect_entities
 
 # as spacy debug data: fewer examples of a label than this are too few to learn it
 NEW_LABEL_THRESHOLD = 50
@@ -44,24 +44,38 @@ class CorpusReport(NamedTuple):
     misaligned: List[str]  # texts of the entities not on token edges
     whitespace: int  # entities that start or end on a whitespace token
     crossing: int  # entities across a sentence boundary of the reference
+    incorrect: int  # spans known to be wrong that training reads
+    incorrect_given: int  # all spans known to be wrong
 
 
-def corpus_report(examples: Iterable[Example], limit: Optional[int]) -> CorpusReport:
+def corpus_report(
+    examples: Iterable[Example], limit: Optional[int], key: Optional[str] = None,
+    labels_known: Iterable[str] = (),
+) -> CorpusReport:
     """Count what a component with the width limit ``limit`` (None: no limit) reads of
-    ``examples``, entity by entity as its training does (:func:`~.gold.example_entities`)."""
+    ``examples``, entity by entity as its training does (:func:`~.gold.example_entities`), and
+    with ``key`` (its ``incorrect_spans_key``) the entities known to be wrong it reads for
+    ``labels_known`` (:func:`~.gold.incorrect_entities`)."""
     docs = annotated = tokens = unknown = whitespace = crossing = widest = 0
+    incorrect = incorrect_given = 0
     labels: Counter = Counter()
     wide: Counter = Counter()
     misaligned: List[str] = []
+    labels_known = set(labels_known)
     for eg in examples:
         docs += 1
         split = example_entities(eg, limit)
-        if split is None:
+        wrong = incorrect_entities(eg, key, labels_known, limit)
+        incorrect += len(wrong)
+        incorrect_given += len(eg.reference.spans[key]) if key in eg.reference.spans else 0
+        if split is None and not wrong:
             continue
         annotated += 1
         ref = eg.reference
         tokens += len(ref)
         unknown += sum(token.ent_iob == 0 for token in ref)
+        if split is None:  # spans known to be wrong only: every token unknown
+            continue
         labels.update(ent.label_ for ent in split.kept)
         wide.update(ent.label_ for ent in split.wide)
         widest = max([widest] + [len(ent) for ent in split.wide])
@@ -70,7 +84,7 @@ def corpus_report(examples: Iterable[Example], limit: Optional[int]) -> CorpusRe
         if ref.has_annotation("SENT_START"):
             crossing += sum(any(token.is_sent_start for token in ent[1:]) for ent in ref.ents)
     return CorpusReport(docs, annotated, tokens, unknown, labels, wide, widest, misaligned,
-                        whitespace, crossing)
+                        whitespace, crossing, incorrect, incorrect_given)
 
 
 def _counts(counter: Counter) -> str:
@@ -86,7 +100,10 @@ def report_component(
     head = pipe.model.attrs.get("arch", "?")
     msg.info(f"Head {head}: " + (f"entities of at most max_width={limit} tokens"
                                  if limit is not None else "no limit on an entity's width"))
-    tr, dv = corpus_report(train, limit), corpus_report(dev, limit)
+    key = pipe.incorrect_spans_key
+    # the labels the component is initialized with from the training data
+    labels = {ent.label_ for eg in train for ent in eg.reference.ents}
+    tr, dv = corpus_report(train, limit, key, labels), corpus_report(dev, limit)
     msg.text(f"{tr.docs} training docs, {tr.annotated} with entity annotation; {dv.docs} "
              f"evaluation docs, {dv.annotated} with entity annotation")
     if tr.annotated < tr.docs:
@@ -101,6 +118,11 @@ def report_component(
         msg.info(f"{tr.unknown} of {tr.tokens} tokens of the annotated training docs "
                  f"({100 * tr.unknown / tr.tokens:.1f}%) have no entity annotation: unknown to "
                  f"the loss (an entity or none), as for spaCy's ner")
+    if key is not None:
+        msg.info(f"{tr.incorrect_given} training spans in doc.spans[{key!r}], entities known to "
+                 f"be wrong: {tr.incorrect} read, {tr.incorrect_given - tr.incorrect} left out (a "
+                 f"label not in the training entities, edges off the pipeline's tokens, or wider "
+                 f"than max_width: the component could never predict them)")
     low = {label: n for label, n in tr.labels.items() if n <= NEW_LABEL_THRESHOLD}
     for label, n in sorted(low.items()):
         msg.warn(f"Low number of examples for label '{label}' ({n})")

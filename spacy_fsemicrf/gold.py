@@ -4,9 +4,10 @@ An entity of the reference is trained on as annotated when its edges are token e
 predicted document (the pipeline's tokenizer may split the text otherwise than the corpus) and,
 for a span head, when it is at most ``max_width`` tokens wide; the others are left out and
 their tokens read as unknown (:func:`~.partial.known_tokens`). ``debug-data`` reports the same
-split, so that what it counts is what training does.
+split, so that what it counts is what training does. With ``incorrect_spans_key``, the spans
+of ``reference.spans[key]`` are entities known to be wrong (:func:`incorrect_entities`).
 """
-from typing import List, NamedTuple, Optional
+from typing import Container, List, NamedTuple, Optional
 
 from spacy.tokens import Span
 from spacy.training import Example
@@ -37,3 +38,18 @@ def example_entities(eg: Example, limit: Optional[int]) -> Optional[ExampleEntit
     kept = [ent for ent in aligned if len(ent) <= limit]
     wide = [ent for ent in aligned if len(ent) > limit]
     return ExampleEntities(kept, misaligned, wide)
+
+
+def incorrect_entities(
+    eg: Example, key: Optional[str], labels: Container[str], limit: Optional[int]
+) -> List[Span]:
+    """The entities known to be wrong of ``eg`` (``eg.reference.spans[key]``, as spaCy's
+    ``ner`` reads them for ``incorrect_spans_key``) as spans of the predicted document, but
+    those a component with ``labels`` and the width limit ``limit`` could never predict, which
+    say nothing to learn: a label it does not have, edges that are no token edges of the
+    predicted document, a width beyond ``limit``."""
+    if key is None or key not in eg.reference.spans or not len(eg.reference.spans[key]):
+        return []
+    aligned = eg.get_aligned_spans_y2x(eg.reference.spans[key], allow_overlap=True)
+    return [span for span in aligned
+            if span.label_ in labels and (limit is None or len(span) <= limit)]

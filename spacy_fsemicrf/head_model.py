@@ -143,6 +143,8 @@ class HeadInput(NamedTuple):
     known: training only: one bool array per document, False at the tokens without entity
         annotation (None for a document where every token has it), or None for all: the loss
         learns every path consistent with the annotation.
+    incorrect: training only: rows as ``gold`` of entities known to be wrong, or None: the
+        loss learns no path that holds one (span heads).
     """
 
     Xs: List[Floats2d]
@@ -153,6 +155,7 @@ class HeadInput(NamedTuple):
     options: Optional[DecodeOptions] = None
     sentence_starts: Optional[List[Optional[numpy.ndarray]]] = None
     known: Optional[List[Optional[numpy.ndarray]]] = None
+    incorrect: Optional[numpy.ndarray] = None
 
 
 class BatchPrediction(NamedTuple):
@@ -320,6 +323,9 @@ def _to_torch_args(
         if inputs.known is not None:  # (a document without flags is known everywhere)
             known = _pad_rows(inputs.known, lengths, padded.shape[1], "bool", missing=True)
             kwargs["known"] = _as_tensor(known, device)
+        if inputs.incorrect is not None:
+            rows = numpy.asarray(inputs.incorrect, dtype="int64").reshape(-1, 4)
+            kwargs["incorrect"] = torch.as_tensor(rows).to(device)
     else:
         if inputs.filter_margin:
             kwargs["filter_margin"] = float(inputs.filter_margin)

@@ -211,7 +211,7 @@ def test_gold_entities_off_the_predicted_tokens_are_counted_and_reported(caplog)
         "counts it); the loss reads their tokens as unknown, as spaCy's ner does. Train on the "
         "corpus's tokens ([corpora.train] gold_preproc = true) or adjust the tokenizer."]
     # the loss reads the tokens of the entity left out as unknown, not as outside any entity
-    _, _, known = ner._gold(examples)
+    known = ner._gold(examples).known
     assert [k.tolist() for k in known] == [[False, False, True, True, True]] * 2
 
 

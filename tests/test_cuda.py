@@ -237,17 +237,23 @@ def test_sentence_boundaries_on_cuda_match_cpu(name):
         assert not crossing[doc, start, end - start]
 
 
+def _partial_head(name, settings):
+    """A small head on the CPU, seeded; a filtered one keeps spans, so that there is a graph."""
+    torch.manual_seed(0)
+    head = HEADS[name](8, 3, max_width=4, hidden_width=16, dropout=0.0, **settings)
+    if name == "FilteredSemiCRF":
+        with torch.no_grad():
+            head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
+    return head
+
+
 @pytest.mark.parametrize("name, settings", [("FilteredSemiCRF", {}),
                                             ("FilteredSemiCRF", {"null_tokens": True}),
                                             ("SemiCRF", {}), ("LinearCRF", {})])
 def test_partial_annotation_on_cuda_matches_cpu(name, settings):
     """The known flags reach the head's device (given on the host or on the device): the loss
     of a partly annotated batch and its gradient as on the CPU."""
-    torch.manual_seed(0)
-    head = HEADS[name](8, 3, max_width=4, hidden_width=16, dropout=0.0, **settings)
-    if name == "FilteredSemiCRF":  # let the local classifier keep spans, so that there is a graph
-        with torch.no_grad():
-            head.scorer.output.bias[:4] = torch.tensor([0.0, 0.3, 0.3, 0.3])
+    head = _partial_head(name, settings)
     X, lengths = torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
     gold = torch.tensor([[0, 1, 2, 1], [0, 5, 5, 3], [1, 0, 3, 2]])
     known = torch.ones((3, 20), dtype=torch.bool)
@@ -259,6 +265,32 @@ def test_partial_annotation_on_cuda_matches_cpu(name, settings):
     for given in (known, known.cuda()):
         X_gpu = X.cuda().requires_grad_()
         loss_gpu = head(X_gpu, lengths.cuda(), gold.cuda(), known=given)
+        loss_gpu.backward()
+        assert loss_gpu.device.type == "cuda"
+        assert torch.allclose(loss_cpu, loss_gpu.cpu(), rtol=1e-4, atol=1e-4)
+        assert torch.allclose(X_cpu.grad, X_gpu.grad.cpu(), atol=1e-4)
+
+
+@pytest.mark.parametrize("name, settings", [("FilteredSemiCRF", {}),
+                                            ("FilteredSemiCRF", {"null_tokens": True}),
+                                            ("FilteredSemiCRF", {"exact_loss": 0.5}),
+                                            ("SemiCRF", {})])
+def test_incorrect_spans_on_cuda_match_cpu(name, settings):
+    """Entities known to be wrong (given on the host or on the device) on unknown tokens: the
+    loss and its gradient as on the CPU."""
+    head = _partial_head(name, settings)
+    X, lengths = torch.randn(3, 20, 8), torch.tensor([20, 7, 0])
+    gold = torch.tensor([[0, 1, 2, 1], [0, 5, 5, 3]])
+    known = torch.ones((3, 20), dtype=torch.bool)
+    known[0, 8:16] = known[1, :] = False
+    incorrect = torch.tensor([[0, 8, 9, 1], [0, 10, 10, 2], [0, 10, 10, 3], [1, 0, 3, 2]])
+    X_cpu = X.clone().requires_grad_()
+    loss_cpu = head(X_cpu, lengths, gold, known=known, incorrect=incorrect)
+    loss_cpu.backward()
+    head.cuda()
+    for rows in (incorrect, incorrect.cuda()):
+        X_gpu = X.cuda().requires_grad_()
+        loss_gpu = head(X_gpu, lengths.cuda(), gold.cuda(), known=known.cuda(), incorrect=rows)
         loss_gpu.backward()
         assert loss_gpu.device.type == "cuda"
         assert torch.allclose(loss_cpu, loss_gpu.cpu(), rtol=1e-4, atol=1e-4)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import spacy
-from spacy.tokens import Doc, DocBin
+from spacy.tokens import Doc, DocBin, Span
 from spacy.training import Example
 
 from spacy_fsemicrf.__main__ import main as package_main
@@ -41,6 +41,11 @@ def corpora(tmp_path_factory):
     DocBin(docs=train).to_disk(folder / "train.spacy")
     DocBin(docs=dev).to_disk(folder / "dev.spacy")
     DocBin(docs=[doc(vocab, ["a", "b"], ["O", "O"])]).to_disk(folder / "none.spacy")
+    # binary annotation: one accepted entity, and rejected ones on a document of its own
+    accepted = doc(vocab, ["Ann", "met", "Bob"], ["B-PER", "", ""])
+    rejected = doc(vocab, ["Paris", "said", "hi"])
+    rejected.spans["incorrect_spans"] = [Span(rejected, 0, 1, "PER"), Span(rejected, 0, 1, "FOO")]
+    DocBin(docs=[accepted, rejected]).to_disk(folder / "rejected.spacy")
     return folder
 
 
@@ -83,6 +88,19 @@ def test_the_linear_crf_has_no_width_limit(corpora, capsys):
     assert "6 entities to train on, 2 label(s)" in out
     assert "wider than" not in out
     assert "cannot predict: 'LOC'" in out  # ORG is trained on now
+
+
+def test_reports_the_entities_known_to_be_wrong(corpora, capsys):
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys, train="rejected.spacy")
+    assert "2 training docs, 1 with entity annotation" in out and "known to be wrong" not in out
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys,
+                      "--components.fsemicrf_ner.incorrect_spans_key", "incorrect_spans",
+                      train="rejected.spacy")
+    assert status == 0
+    assert "2 training docs, 2 with entity annotation" in out
+    assert "5 of 6 tokens of the annotated training docs (83.3%) have no entity annotation" in out
+    assert ("2 training spans in doc.spans['incorrect_spans'], entities known to be wrong: 1 "
+            "read, 1 left out") in out
 
 
 def test_no_entity_to_train_on_fails(corpora, capsys):

@@ -19,6 +19,7 @@ from spacy_fsemicrf.structured.linear_crf import (
 )
 from spacy_fsemicrf.structured.spans import (
     gold_label_grid,
+    incorrect_label_grid,
     span_mask,
     unknown_spans,
 )
@@ -68,19 +69,24 @@ def _tensors(length, gold, known, pad):
     return rows, flags, torch.tensor([length])
 
 
+@pytest.mark.parametrize("with_wrong", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_semicrf_consistent_score_is_the_log_sum_over_consistent_segmentations(seed):
+def test_semicrf_consistent_score_is_the_log_sum_over_consistent_segmentations(seed, with_wrong):
+    """With entities known to be wrong too: the consistent segmentations hold none of them."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     K, C = rng.randint(1, 3), N_LABELS + 1
     length, gold, known = _case(rng, 5, K)
+    wrong = _incorrect(rng, length, K, gold, known) if with_wrong else []
     pad = rng.randint(0, 2)
     scores = torch.randn(1, length + pad, K, C, dtype=torch.float64)
     T = torch.randn(C + 1, C + 1, dtype=torch.float64) if seed % 2 else None
     rows, flags, lengths = _tensors(length, gold, known, pad)
-    got = semicrf_consistent_score(scores, lengths, rows, T, flags)
+    got = semicrf_consistent_score(scores, lengths, rows, T, flags,
+                                   _rows(wrong) if with_wrong else None)
     values = [segmentation_score(scores[0], segs, T) for segs in segmentations(length, K, C)
-              if _consistent([s for s in segs if s[2] > 0], gold, known)]
+              if _consistent([s for s in segs if s[2] > 0], gold, known)
+              and not set(segs) & set(wrong)]
     assert float(got) == pytest.approx(_logsumexp(values), abs=1e-9)
 
 
@@ -166,6 +172,17 @@ def test_the_filtered_heads_loss_with_unknown_tokens_by_enumeration(seed):
     glob = torch.randn(1, L, K, C, dtype=torch.float64)
     with torch.no_grad():
         got = float(head.loss(local, glob, lengths, rows, known=flags))
+    expected = _expected_loss(head, local, glob, length, K, gold, known, (),
+                              head.transitions.detach())
+    assert got == pytest.approx(expected, abs=1e-9)
+
+
+def _expected_loss(head, local, glob, length, K, gold, known, wrong, T):
+    """The filtered head's loss by enumeration, for a batch of one: the local cross-entropy of
+    the spans with a known token, and of the spans of unknown tokens only with labels known to
+    be ``wrong`` ("any class but those"); plus log Z of the training graph (the gold nodes and
+    the filter's nodes that overlap them or lie on unknown tokens only, none with a wrong
+    label) minus the log-sum over its maximal paths consistent with the annotation."""
     gold_label = {(s, e): c for s, e, c in gold}
     expected, nodes = 0.0, []
     for s in range(length):
@@ -173,19 +190,22 @@ def test_the_filtered_heads_loss_with_unknown_tokens_by_enumeration(seed):
             w = e - s
             on_unknown = not any(known[s:e + 1])
             label = gold_label.get((s, e), 0)
+            log_p = torch.log_softmax(local[0, s, w], -1)
+            ruled_out = {c for ws, we, c in wrong if (ws, we) == (s, e)} if on_unknown else set()
             if not on_unknown:
-                log_p = torch.log_softmax(local[0, s, w], -1)[label]
-                expected -= (1.0 if label else head.null_weight) * float(log_p)
+                expected -= (1.0 if label else head.null_weight) * float(log_p[label])
+            elif ruled_out:
+                expected -= _logsumexp([float(log_p[c]) for c in range(local.shape[-1])
+                                        if c not in ruled_out])
             best = int(local[0, s, w].argmax())
             overlaps = any(s <= ge and gs <= e for gs, ge, _ in gold)
-            if label or (best > 0 and (overlaps or on_unknown)):
+            if label or (best > 0 and (overlaps or on_unknown) and best not in ruled_out):
                 label = label or best
                 nodes.append((s, e, label, float(glob[0, s, w, label])))
-    enum = filtered_enumerate(nodes, head.transitions.detach())
+    enum = filtered_enumerate(nodes, T)
     consistent = [v for path, v in enum.paths
                   if _consistent([nodes[k][:3] for k in path], gold, known)]
-    expected += _logsumexp([v for _, v in enum.paths]) - _logsumexp(consistent)
-    assert got == pytest.approx(expected, abs=1e-9)
+    return expected + _logsumexp([v for _, v in enum.paths]) - _logsumexp(consistent)
 
 
 def test_unknown_spans_marks_the_spans_of_unknown_tokens_only():
@@ -305,15 +325,123 @@ def test_null_tokens_consistent_score_is_the_log_sum_over_consistent_sets(seed):
     assert float(got) == pytest.approx(expected, abs=1e-9)
 
 
+# ---------------------------------------------------------- entities known to be wrong
+
+def _incorrect(rng: random.Random, length: int, max_width: int, gold, known):
+    """Random rows ``(start, end, label)`` of entities known to be wrong (spaCy's
+    ``incorrect_spans_key``), none a gold entity with its label: mostly on unknown tokens only,
+    where they rule paths out, and one on any tokens."""
+    spans = [(s, e) for s in range(length) for e in range(s, min(length, s + max_width))]
+    free = [(s, e) for s, e in spans if not any(known[s:e + 1])]
+    picked = rng.sample(free, min(len(free), rng.randint(1, 3))) + [rng.choice(spans)]
+    rows = {(s, e, rng.randint(1, N_LABELS)) for s, e in picked}
+    return sorted(rows - set(gold))
+
+
+def _favour(local, wrong, rng):
+    """Raise the local score of about half the ``wrong`` entities' labels, so that the filter
+    keeps some of them as nodes with the wrong label."""
+    for s, e, c in wrong:
+        if rng.random() < 0.5:
+            local[0, s, e - s, c] += 3.0
+
+
+def _rows(spans):
+    return torch.tensor([[0, s, e, c] for s, e, c in spans], dtype=torch.long).view(-1, 4)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_filtered_heads_loss_with_incorrect_entities_by_enumeration(seed):
+    """An entity known to be wrong on unknown tokens: its span's local target is "any class
+    but that label", the filter's node there with that label leaves the training graph, and
+    the exact semi-CRF term's consistent segmentations leave it out; on known tokens the
+    annotation already says more, and it changes nothing."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    K, C = rng.randint(1, 3), N_LABELS + 1
+    length, gold, known = _case(rng, 6, K)
+    wrong = _incorrect(rng, length, K, gold, known)
+    pad = rng.randint(0, 1)
+    L = length + pad
+    exact = 0.5 if seed % 3 == 0 else 0.0
+    head = FilteredSemiCRFHead(8, N_LABELS, max_width=K, dropout=0.0, transitions=not exact,
+                               exact_loss=exact).double()
+    T = None if exact else head.transitions.detach().normal_()
+    rows, flags, lengths = _tensors(length, gold, known, pad)
+    local = torch.randn(1, L, K, C, dtype=torch.float64)
+    local[..., 0] -= 0.5
+    _favour(local, wrong, rng)
+    glob = torch.randn(1, L, K, C, dtype=torch.float64)
+    with torch.no_grad():
+        got = float(head.loss(local, glob, lengths, rows, known=flags, incorrect=_rows(wrong)))
+    expected = _expected_loss(head, local, glob, length, K, gold, known, wrong, T)
+    if exact:
+        segs = segmentations(length, K, C)
+        everything = [segmentation_score(glob[0], seg) for seg in segs]
+        allowed = [segmentation_score(glob[0], seg) for seg in segs
+                   if _consistent([x for x in seg if x[2] > 0], gold, known)
+                   and not set(seg) & set(wrong)]
+        expected += exact * (_logsumexp(everything) - _logsumexp(allowed))
+    assert got == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_null_tokens_training_nodes_leave_the_incorrect_entities_out(seed):
+    """With null tokens every node the filter keeps is a training node, but one whose label is
+    known to be wrong at its span; the loss is the enumeration's over the other nodes."""
+    K, C, gold, known, lengths, grid, unknown, local = _grid_case(seed, 1)
+    rng = random.Random(seed + 100)
+    wrong_rows = _incorrect(rng, int(lengths[0]), K, gold, known)
+    _favour(local, wrong_rows, rng)
+    wrong = incorrect_label_grid(_rows(wrong_rows), lengths, grid, C) & unknown.unsqueeze(-1)
+    mask, labels = training_nodes(local, lengths, grid, overlapping_only=False, incorrect=wrong)
+    plain, plain_labels = training_nodes(local, lengths, grid, overlapping_only=False)
+    dropped = {(s, s + w, int(plain_labels[0, s, w]))
+               for s, w in (plain & ~mask)[0].nonzero().tolist()}
+    ruled_out = {(s, e, c) for s, e, c in wrong_rows if not any(known[s:e + 1])}
+    kept_wrong = {(s, e, c) for s, e, c in ruled_out
+                  if bool(plain[0, s, e - s]) and int(plain_labels[0, s, e - s]) == c}
+    assert dropped == kept_wrong
+    assert torch.equal(labels, plain_labels * mask)
+
+
+def test_incorrect_entities_are_checked_and_refused_by_the_linear_crf():
+    head, X, lengths, gold, known = _batch("SemiCRF")
+    known[0, 3:] = False
+    with pytest.raises(ValueError, match="^an incorrect span is also a gold span with the same "
+                       "label: an entity cannot be annotated as right and as wrong$"):
+        head(X, lengths, gold, known=known, incorrect=torch.tensor([[0, 1, 2, 1]]))
+    with pytest.raises(ValueError, match="^incorrect span of width 4 exceeds max_width=3$"):
+        head(X, lengths, gold, known=known, incorrect=torch.tensor([[0, 2, 5, 1]]))
+    with pytest.raises(TypeError, match="^incorrect spans must be a tensor"):
+        head(X, lengths, gold, known=known, incorrect=[[0, 3, 4, 1]])
+    with torch.no_grad():  # a wrong entity on unknown tokens rules paths out: a higher loss
+        plain = float(head(X, lengths, gold, known=known))
+        ruled = float(head(X, lengths, gold, known=known, incorrect=torch.tensor([[0, 3, 4, 1]])))
+        assert ruled > plain
+        # on known tokens the annotation already rules it out
+        assert float(head(X, lengths, gold, known=known,
+                          incorrect=torch.tensor([[1, 1, 2, 1]]))) == plain
+    crf, X, lengths, gold, known = _batch("LinearCRF")
+    with pytest.raises(ValueError, match="^the linear CRF head cannot learn from incorrect "
+                       "spans"):
+        crf(X, lengths, gold, known=known, incorrect=torch.tensor([[0, 3, 4, 1]]))
+    empty = torch.zeros((0, 4), dtype=torch.long)
+    assert torch.equal(crf(X, lengths, gold, known=known, incorrect=empty),
+                       crf(X, lengths, gold, known=known))
+
+
 # ----------------------------------------------------------------------------- the component
 
-def _pipeline(arch: str = "spacy-fsemicrf.FilteredSemiCRF.v1", **settings):
+def _pipeline(arch: str = "spacy-fsemicrf.FilteredSemiCRF.v1", incorrect_spans_key=None,
+              **settings):
     import spacy
 
     from .conftest import LABELS, model_config
 
     nlp = spacy.blank("en")
-    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(arch, **settings)})
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(arch, **settings),
+                                               "incorrect_spans_key": incorrect_spans_key})
     for label in LABELS:
         ner.add_label(label)
     return nlp, ner
@@ -334,16 +462,16 @@ def test_the_component_reads_tokens_without_annotation_as_unknown():
     full = _example(nlp, words, ["B-PER", "O", "O", "B-LOC", "O", "B-PER", "I-PER", "O"])
     partial = _example(nlp, words, ["B-PER", "O", "O", "B-LOC", "", "", "", ""])
     nlp.initialize(lambda: [full])
-    gold, mask, known = ner._gold([full, partial])
+    gold, mask, known, _ = ner._gold([full, partial])
     assert mask.tolist() == [True, True]
     assert known[0] is None
     assert known[1].tolist() == [True] * 4 + [False] * 4
-    assert ner._gold([full, full])[2] is None  # fully annotated: the loss is as before
+    assert ner._gold([full, full]).known is None  # fully annotated: the loss is as before
     # the corpus splits "Mary-Lee" in three, the pipeline's tokenizer not: the predicted
     # token is unknown where one of its corpus tokens is
     split = _example(nlp, ["Mary", "-", "Lee", "left"], ["", "O", "O", "O"],
                      predicted_words=["Mary-Lee", "left"])
-    assert [k.tolist() for k in ner._gold([split])[2]] == [[False, True]]
+    assert [k.tolist() for k in ner._gold([split]).known] == [[False, True]]
 
 
 def test_only_the_tokens_of_an_entity_off_the_predicted_tokens_are_unknown():
@@ -359,7 +487,7 @@ def test_only_the_tokens_of_an_entity_off_the_predicted_tokens_are_unknown():
                     ents=["O", "B-PER", "I-PER", "O", "B-PER", "O", "B-LOC"])
     eg = Example(nlp.make_doc("Paris Hilton  met Anna in Rome"), reference)
     nlp.initialize(lambda: [eg])
-    gold, _, known = ner._gold([eg])
+    gold, _, known, _ = ner._gold([eg])
     per, loc = ner.labels.index("PER") + 1, ner.labels.index("LOC") + 1
     assert gold.tolist() == [[0, 4, 4, per], [0, 6, 6, loc]] and ner.n_misaligned_dropped == 1
     assert known[0].tolist() == [False, False, True, True, True, True, True]
@@ -372,7 +500,7 @@ def test_a_whitespace_token_without_annotation_is_outside_any_entity_as_for_spac
     eg = _example(nlp, ["Anna", "met", "\n", "Bob", "there"], ["B-PER", "O", "", "", ""])
     nlp.initialize(lambda: [eg])
     assert eg.get_aligned_ner() == ["U-PER", "O", "O", None, None]
-    assert ner._gold([eg])[2][0].tolist() == [True, True, True, False, False]
+    assert ner._gold([eg]).known[0].tolist() == [True, True, True, False, False]
 
 
 def test_a_reference_token_no_predicted_token_covers_leaves_every_token_known():
@@ -404,7 +532,7 @@ def test_an_aligned_entity_after_a_whitespace_token_stays_known_beside_a_misalig
                     ents=["B-PER", "I-PER", "O", "O", "O", "B-PER"])
     eg = Example(Doc(nlp.vocab, words=["Mary-Lee", "met", "John"]), reference)
     nlp.initialize(lambda: [eg])
-    gold, _, known = ner._gold([eg])
+    gold, _, known, _ = ner._gold([eg])
     assert gold.tolist() == [[0, 2, 2, ner.labels.index("PER") + 1]]
     assert known[0].tolist() == [False, True, True] and ner.n_misaligned_dropped == 1
     nlp.update([eg])  # (a gold entity on an unknown token is refused)
@@ -416,11 +544,11 @@ def test_a_gold_entity_wider_than_the_span_heads_reach_is_unknown_there():
     nlp, ner = _pipeline(max_width=2)
     eg = _example(nlp, words, ents)
     nlp.initialize(lambda: [eg])
-    gold, _, known = ner._gold([eg])
+    gold, _, known, _ = ner._gold([eg])
     assert gold.tolist() == [] and known[0].tolist() == [True] + [False] * 4 + [True] * 2
     nlp, ner = _pipeline("spacy-fsemicrf.LinearCRF.v1", max_width=2)  # tags: no width limit
     nlp.initialize(lambda: [eg])
-    gold, _, known = ner._gold([eg])
+    gold, _, known, _ = ner._gold([eg])
     assert gold.tolist() == [[0, 1, 4, ner.labels.index("ORG") + 1]] and known is None
 
 
@@ -457,3 +585,90 @@ def test_a_document_without_flags_is_known_on_every_token_in_the_padded_batch():
     rows = [None, numpy.array([True, False]), None]
     padded = _pad_rows(rows, numpy.array([3, 2, 0]), 3, "bool", missing=True)
     assert padded.tolist() == [[True, True, True], [True, False, False], [False] * 3]
+
+
+# ------------------------------------------------ the component's entities known to be wrong
+
+def _rejected(nlp, words, ents, wrong, key="incorrect_spans"):
+    """An example whose reference has ``ents`` (IOB, "" unannotated; None: no annotation at
+    all) and the spans ``wrong`` ``(start, end exclusive, label)`` known to be wrong."""
+    from spacy.tokens import Doc, Span
+    from spacy.training import Example
+
+    reference = Doc(nlp.vocab, words=words, ents=ents)
+    reference.spans[key] = [Span(reference, s, e, label=c) for s, e, c in wrong]
+    return Example(Doc(nlp.vocab, words=words), reference)
+
+
+def test_the_component_reads_entities_known_to_be_wrong():
+    """A rejected suggestion of binary annotation: a document without entity annotation but
+    with a span known to be wrong is annotated (unknown tokens but whitespace) and gives an
+    incorrect row; those the component could never predict (a label it does not have, wider
+    than max_width, edges off the predicted tokens) are left out."""
+    nlp, ner = _pipeline(max_width=2, incorrect_spans_key="incorrect_spans")
+    words = ["Paris", "Hilton", "stayed", "in", "\n", "New", "York", "City"]
+    eg = _rejected(nlp, words, None, [(0, 2, "LOC"), (0, 1, "MISC"), (5, 8, "ORG")])
+    nlp.initialize(lambda: [eg])
+    gold = ner._gold([eg])
+    assert gold.rows.tolist() == [] and gold.mask.tolist() == [True]
+    assert gold.known[0].tolist() == [False] * 4 + [True] + [False] * 3
+    assert gold.incorrect.tolist() == [[0, 0, 1, ner.labels.index("LOC") + 1]]
+    plain = _example(nlp, words[:3], ["B-PER", "O", "O"])
+    assert ner._gold([plain]).incorrect is None  # none: as without the setting
+    without = _rejected(nlp, words, None, [(0, 2, "LOC")], key="other")
+    assert ner._gold([without]).mask.tolist() == [False]
+
+
+def test_a_partly_annotated_document_keeps_its_entities_beside_the_wrong_ones():
+    nlp, ner = _pipeline(incorrect_spans_key="incorrect_spans")
+    words = ["Ann", "met", "Paris", "Hilton", "today"]
+    eg = _rejected(nlp, words, ["B-PER", "O", "", "", ""], [(2, 4, "PER"), (2, 3, "LOC")])
+    nlp.initialize(lambda: [eg])
+    gold = ner._gold([_rejected(nlp, words, ["O"] * 5, []), eg])
+    per, loc = ner.labels.index("PER") + 1, ner.labels.index("LOC") + 1
+    assert gold.rows.tolist() == [[1, 0, 0, per]]
+    assert gold.incorrect.tolist() == [[1, 2, 2, loc], [1, 2, 3, per]]
+    assert gold.known[1].tolist() == [True, True, False, False, False]
+    with pytest.raises(ValueError, match=r"^\[fsemicrf_ner\] The entity 'Ann' \(PER\) is in a "
+                       r"training example's doc.ents and in its doc.spans\['incorrect_spans'\]"):
+        ner._gold([_rejected(nlp, words, ["B-PER", "O", "", "", ""], [(0, 1, "PER")])])
+
+
+def test_the_linear_crf_and_a_bad_key_are_refused():
+    with pytest.raises(ValueError, match=r"^\[fsemicrf_ner\] incorrect_spans_key needs a span "
+                       r"head \(FilteredSemiCRF, SemiCRF\)"):
+        _pipeline("spacy-fsemicrf.LinearCRF.v1", incorrect_spans_key="incorrect_spans")
+    message = "^incorrect_spans_key must be None or a non-empty string, got "
+    with pytest.raises(ValueError, match=message + "''$"):
+        _pipeline(incorrect_spans_key="")
+    _, ner = _pipeline()  # (spaCy's config refuses a number there)
+    with pytest.raises(ValueError, match=message + "3$"):
+        ner.incorrect_spans_key = 3
+
+
+@pytest.mark.parametrize("arch, settings", [("FilteredSemiCRF", {}), ("SemiCRF", {}),
+                                            ("FilteredSemiCRF", {"null_tokens": True}),
+                                            ("FilteredSemiCRF", {"exact_loss": 0.5})])
+def test_a_pipeline_learns_that_a_rejected_entity_is_wrong(arch, settings):
+    """The training texts with their entities, and texts in which "Paris" (a LOC elsewhere) is
+    rejected as LOC with nothing else annotated: the loss stays finite and the pipeline learns
+    not to call that "Paris" a LOC, which it does without the rejections."""
+    from .conftest import make_examples, train_pipeline
+
+    def paris(with_rejections):
+        nlp, ner = _pipeline(f"spacy-fsemicrf.{arch}.v1", incorrect_spans_key="incorrect_spans",
+                             **settings)
+        examples = make_examples(nlp)
+        for text in ("She flew to Paris .", "Paris is big .", "We love Paris ."):
+            words = text.split()
+            examples.append(_example(nlp, words, ["B-LOC" if w == "Paris" else "O"
+                                                  for w in words]))
+        words = ["Paris", "said", "hello", "."]
+        if with_rejections:
+            examples += [_rejected(nlp, words, None, [(0, 1, "LOC")])] * 3
+        losses = train_pipeline(nlp, examples, n_iter=30)
+        assert all(math.isfinite(v) for v in losses)
+        return [(e.text, e.label_) for e in nlp(" ".join(words)).ents]
+
+    assert ("Paris", "LOC") in paris(False)
+    assert ("Paris", "LOC") not in paris(True)

@@ -216,6 +216,7 @@ def training_nodes(
     overlapping_only: bool = True,
     margin: float = 0.0,
     unknown: Optional[torch.Tensor] = None,
+    incorrect: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Filtering under the gold-path constraint (docs/algorithm.md, "Training").
 
@@ -227,11 +228,15 @@ def training_nodes(
     ``margin`` is the filter's, as at inference (the paper trains at 0). ``unknown [B, L, K]``
     marks the spans of tokens without annotation only (:func:`~.spans.unknown_spans`): those
     with a non-null local label are kept too, as the nodes a path consistent with a partial
-    annotation may add to the gold spans.
+    annotation may add to the gold spans. A span whose label is one of ``incorrect [B, L, K,
+    C]`` (:func:`~.spans.incorrect_label_grid`: entities known to be wrong) is no node: no path
+    to learn from holds it, and the graph has no path without it where it overlaps no other.
     """
     pred_mask, pred_labels = inference_nodes(local_scores, lengths, margin)
     gold_mask = gold_grid > 0
     extra = pred_mask & ~gold_mask
+    if incorrect is not None:
+        extra &= ~incorrect.gather(-1, pred_labels.unsqueeze(-1)).squeeze(-1)
     if overlapping_only:
         extra &= overlap_mask(gold_mask) if unknown is None else (
             overlap_mask(gold_mask) | unknown)

@@ -78,6 +78,7 @@ from .spans import (
     document_mean,
     gold_label_grid,
     grid_chunks,
+    incorrect_label_grid,
     partial_annotation,
     span_mask,
     token_mask,
@@ -404,6 +405,7 @@ class FilteredSemiCRFHead(nn.Module):
         options: Optional[DecodeOptions] = None,
         sentence_starts: Optional[torch.Tensor] = None,
         known: Optional[torch.Tensor] = None,
+        incorrect: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
         """Training with ``gold`` (rows ``(doc, start, end inclusive, label 1..M)`` that segment
         each document): the summed loss, a scalar. Without: the decoded ``(spans [N, 4],
@@ -414,10 +416,12 @@ class FilteredSemiCRFHead(nn.Module):
         [B, L]``, True at a token that starts a sentence; prediction only) no entity crosses a
         sentence boundary: the spans that would are no candidates (as spaCy's ``ner``). With
         ``known`` (``BoolTensor [B, L]``, False at a token without entity annotation; training
-        only) the annotation is partial: the loss learns every path consistent with it."""
+        only) the annotation is partial: the loss learns every path consistent with it, and
+        ``incorrect`` rows (as ``gold``; training only) are entities known to be wrong there
+        (spaCy's ``incorrect_spans_key``): no consistent path holds one."""
         tokens, local, glob = self._encode(X, lengths, words, predicting=gold is None)
         if gold is not None:
-            return self.loss(local, glob, lengths, gold, tokens, known)
+            return self.loss(local, glob, lengths, gold, tokens, known, incorrect)
         prediction = self.decode(local, glob, lengths, filter_margin, options or DecodeOptions(),
                                  tokens, sentence_starts)
         return prediction if options is not None else prediction[:2]
@@ -425,18 +429,23 @@ class FilteredSemiCRFHead(nn.Module):
     def loss(
         self, local: torch.Tensor, glob: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor,
         tokens: Optional[torch.Tensor] = None, known: Optional[torch.Tensor] = None,
+        incorrect: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """``L_loc + L_glob`` summed over the batch, from the local and global span scores
         ``[B, L, K, C]`` and the ``gold`` rows (and the token vectors, for mean-field). With
         ``known`` (False at the tokens without annotation) a span of unknown tokens only has
         no local target, and ``L_glob``'s gold score is the log-sum over the paths that hold
         the gold spans and any nodes of unknown tokens only (docs/algorithm.md, §5, "Partial
-        annotation")."""
+        annotation"). An ``incorrect`` row there (an entity known to be wrong) gives its span
+        the local target "any class but its label" and leaves the node out of the training
+        graph; elsewhere the annotation already says more."""
         B, L, K, C = local.shape
         grid = gold_label_grid(gold, lengths, L, K, C - 1)
         valid = span_mask(lengths, L, K)
+        wrong = incorrect_label_grid(incorrect, lengths, grid, C)
         known = partial_annotation(known, lengths, L, gold)
         unknown = None if known is None else unknown_spans(known, K) & valid
+        wrong = None if wrong is None or unknown is None else wrong & unknown.unsqueeze(-1)
         ce = nn.functional.cross_entropy(
             wide(local.reshape(-1, C)), grid.reshape(-1), reduction="none"
         ).view(B, L, K)
@@ -449,15 +458,18 @@ class FilteredSemiCRFHead(nn.Module):
         loss_local = (ce * weight).sum()
         if self.boundary_smoothing > 0:
             loss_local = loss_local + self._smoothing_correction(local, lengths, gold)
+        if wrong is not None:
+            loss_local = loss_local + incorrect_span_loss(local, wrong)
         if self.exact_loss > 0:
             exact = wide(glob)
             gold_exact = (semicrf_gold_score(exact, lengths, gold, None) if known is None
-                          else _consistent_log_z(exact, lengths, grid, known, None))
+                          else _consistent_log_z(exact, lengths, grid, known, None, wrong))
             loss_local = loss_local + self.exact_loss * (
                 semicrf_log_partition(exact, lengths, None) - gold_exact).sum()
         mask, labels = filtered.training_nodes(local.detach(), lengths, grid,
                                                overlapping_only=not self.null_tokens,
-                                               margin=self.train_margin, unknown=unknown)
+                                               margin=self.train_margin, unknown=unknown,
+                                               incorrect=wrong)
         scores = wide(glob).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         if self.refiner is not None:
             index = filtered.grid_index(mask)
@@ -718,15 +730,17 @@ class SemiCRFHead(nn.Module):
         options: Optional[DecodeOptions] = None,
         sentence_starts: Optional[torch.Tensor] = None,
         known: Optional[torch.Tensor] = None,
+        incorrect: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
         """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin; with ``known``
         the gold score is the log-sum over the segmentations consistent with the annotation
-        (:func:`semicrf_consistent_score`)."""
+        (:func:`semicrf_consistent_score`), none holding an ``incorrect`` entity."""
         scores = self.span_scores(X, lengths, words)
         T = None if self.transitions is None else wide(self.transitions)
         if gold is not None:
             log_z = semicrf_log_partition(scores, lengths, T)
-            return (log_z - semicrf_consistent_score(scores, lengths, gold, T, known)).sum()
+            gold_score = semicrf_consistent_score(scores, lengths, gold, T, known, incorrect)
+            return (log_z - gold_score).sum()
         prediction = self.decode(scores.detach(), lengths, options or DecodeOptions(),
                                  sentence_starts)
         return prediction if options is not None else prediction[:2]
@@ -782,27 +796,43 @@ class SemiCRFHead(nn.Module):
 def semicrf_consistent_score(
     scores: torch.Tensor, lengths: torch.Tensor, gold: torch.Tensor,
     transitions: Optional[torch.Tensor], known: Optional[torch.Tensor],
+    incorrect: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``[B]``: the score of the gold segmentation under segment ``scores [B, L, K, C]``;
     with ``known`` (False at the tokens without entity annotation) the log-sum of the scores
     of every segmentation consistent with the annotation (:func:`~.spans.consistent_segments`),
-    so that the loss claims nothing about the unknown tokens."""
+    so that the loss claims nothing about the unknown tokens, and none holding an entity of
+    the ``incorrect`` rows (as ``gold``: entities known to be wrong; on known tokens the
+    annotation already excludes them)."""
     B, L, K, C = scores.shape
     # (the grid checks the gold rows, which partial_annotation reads, as semicrf_gold_score does)
-    grid = None if known is None else gold_label_grid(gold, lengths, L, K, C - 1)
+    grid = (None if known is None and incorrect is None
+            else gold_label_grid(gold, lengths, L, K, C - 1))
+    wrong = incorrect_label_grid(incorrect, lengths, grid, C) if incorrect is not None else None
     known = partial_annotation(known, lengths, L, gold)
     if known is None:
         return semicrf_gold_score(scores, lengths, gold, transitions)
-    return _consistent_log_z(scores, lengths, grid, known, transitions)
+    return _consistent_log_z(scores, lengths, grid, known, transitions, wrong)
+
+
+def incorrect_span_loss(local: torch.Tensor, incorrect: torch.Tensor) -> torch.Tensor:
+    """The local loss of the spans with labels known to be wrong (``incorrect [B, L, K, C]``,
+    :func:`~.spans.incorrect_label_grid`): ``-log`` of the probability of every other class
+    (null included) under the local scores ``[B, L, K, C]``, summed: "not these labels" is the
+    span's whole target (a partial label)."""
+    flagged = incorrect.any(-1)
+    log_p = torch.log_softmax(wide(local[flagged]), -1)
+    return -log_p.masked_fill(incorrect[flagged], -math.inf).logsumexp(-1).sum()
 
 
 def _consistent_log_z(
     scores: torch.Tensor, lengths: torch.Tensor, grid: torch.Tensor, known: torch.Tensor,
-    transitions: Optional[torch.Tensor],
+    transitions: Optional[torch.Tensor], incorrect: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """:func:`semicrf_consistent_score` for a checked ``known`` (:func:`partial_annotation`)
-    with unknown tokens, from the gold ``grid`` (:func:`gold_label_grid`)."""
-    allowed = consistent_segments(grid, known, scores.shape[-1])
+    with unknown tokens, from the gold ``grid`` (:func:`gold_label_grid`) and the
+    :func:`incorrect_label_grid` (or None)."""
+    allowed = consistent_segments(grid, known, scores.shape[-1], incorrect)
     return semicrf_log_partition(scores.masked_fill(~allowed, -math.inf), lengths, transitions)
 
 
@@ -873,10 +903,17 @@ class LinearCRFHead(nn.Module):
         options: Optional[DecodeOptions] = None,
         sentence_starts: Optional[torch.Tensor] = None,
         known: Optional[torch.Tensor] = None,
+        incorrect: Optional[torch.Tensor] = None,
     ) -> HeadOutput:
         """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin; with ``known``
         the gold score is the log-sum over the tag sequences consistent with the annotation
-        (:func:`~.linear_crf.consistent_emissions`)."""
+        (:func:`~.linear_crf.consistent_emissions`). No ``incorrect`` rows: excluding one
+        entity's tags together is beyond a scan over single tags (a ``ValueError``)."""
+        if incorrect is not None:
+            check_rows_type(incorrect, "incorrect span")
+        if incorrect is not None and incorrect.numel():
+            raise ValueError("the linear CRF head cannot learn from incorrect spans (entities "
+                             "known to be wrong): use a span head (FilteredSemiCRF, SemiCRF)")
         emissions = self.emissions(X, lengths, words)
         T = wide(self.transitions)
         allowed = self.allowed.to(emissions.device)

@@ -189,13 +189,15 @@ def partial_annotation(
 
 
 def consistent_segments(
-    gold_grid: torch.Tensor, known: torch.Tensor, n_classes: int
+    gold_grid: torch.Tensor, known: torch.Tensor, n_classes: int,
+    incorrect: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``BoolTensor[B, L, K, C]``: the segments of a semi-CRF that a segmentation consistent
     with a partial annotation may hold, for the ``gold_grid [B, L, K]`` of the annotated
     entities (:func:`gold_label_grid`) and ``known [B, L]``: a null (width 1) on a token of no
     annotated entity, an annotated entity with its label, and an entity of any label on
-    unknown tokens only. Every other segment would give a known token another annotation."""
+    unknown tokens only but those of ``incorrect`` (:func:`incorrect_label_grid`: entities
+    known to be wrong). Every other segment would give a known token another annotation."""
     B, L, K = gold_grid.shape
     unknown = unknown_spans(known.to(gold_grid.device), K)
     labels = torch.arange(n_classes, device=gold_grid.device)
@@ -204,7 +206,31 @@ def consistent_segments(
     in_entity = token_coverage(doc, start, start + width, B, L) > 0
     allowed[:, :, 0, 0] = ~in_entity
     allowed[:, :, 1:, 0] = True  # (wider nulls are no segments: the scan never reads them)
-    return allowed
+    return allowed if incorrect is None else allowed & ~incorrect
+
+
+def incorrect_label_grid(
+    incorrect: Optional[torch.Tensor], lengths: torch.Tensor, gold_grid: torch.Tensor,
+    n_classes: int,
+) -> Optional[torch.Tensor]:
+    """``BoolTensor[B, L, K, C]``, True at the labelled spans of ``incorrect`` rows ``(doc,
+    start, end inclusive, label 1..M)``, entities known to be wrong (spaCy's
+    ``incorrect_spans_key``), for the ``gold_grid [B, L, K]`` of a batch; None without rows.
+    A ``ValueError`` for rows :func:`check_span_rows` refuses and for one that is also a gold
+    span with the same label."""
+    if incorrect is None:
+        return None
+    B, L, K = gold_grid.shape
+    doc, start, end, label = check_span_rows(incorrect, lengths, L, K, n_classes - 1,
+                                             what="incorrect span")
+    if not doc.shape[0]:
+        return None
+    if bool((gold_grid[doc, start, end - start] == label).any()):
+        raise ValueError("an incorrect span is also a gold span with the same label: an entity "
+                         "cannot be annotated as right and as wrong")
+    grid = torch.zeros((B, L, K, n_classes), dtype=torch.bool, device=gold_grid.device)
+    grid[doc, start, end - start, label] = True
+    return grid
 
 
 def token_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
