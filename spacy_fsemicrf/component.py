@@ -937,7 +937,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         try:
             super().from_bytes(bytes_data, exclude=exclude)
         except ValueError as err:
-            raise self._load_error(err, "bytes", _undecodable({"bytes": bytes_data})) from err
+            raise self._load_error(err, "bytes", _undecodable_bytes(bytes_data)) from err
         msg = srsly.msgpack_loads(bytes_data)
         if SEEN_ENTITIES not in exclude:
             self._load_seen(msg.get(SEEN_ENTITIES, b""))
@@ -1124,6 +1124,17 @@ def _undecodable(parts: Dict[str, bytes]) -> Optional[str]:
         except ValueError:
             return name
     return None
+
+
+def _undecodable_bytes(data: bytes) -> Optional[str]:
+    """The part of a component's saved ``data`` (:meth:`~FSemiCRFEntityRecognizer.to_bytes`)
+    that does not decode: ``"bytes"`` for the whole, else its ``cfg`` or ``model`` (as
+    :func:`_undecodable` reads the files of a saved directory), or None."""
+    damaged = _undecodable({"bytes": data})
+    if damaged is not None:
+        return damaged
+    parts = srsly.msgpack_loads(data)
+    return _undecodable({name: parts[name] for name in ("cfg", "model") if name in parts})
 
 
 def _decoded_forces(

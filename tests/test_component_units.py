@@ -531,6 +531,18 @@ def test_a_damaged_file_is_named_as_damaged_not_as_another_config(initialized, t
             fresh.from_bytes(saved.to_bytes()[:-100])
 
 
+@pytest.mark.parametrize("part", ["model", "cfg"])
+def test_a_damaged_part_of_the_bytes_is_named_as_damaged_not_as_another_config(initialized, part):
+    """A part inside the component's bytes cut short (the whole still decodes) is named as
+    damaged, as the same file on disk is, not as a config that builds another model."""
+    parts = srsly.msgpack_loads(initialized[0].get_pipe("fsemicrf_ner").to_bytes())
+    parts[part] = parts[part][: len(parts[part]) // 2]
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=r"from bytes: its {} data is damaged or incomplete "
+                                         r"\(.+\)\. Save the pipeline again".format(part)):
+        fresh.from_bytes(srsly.msgpack_dumps(parts))
+
+
 @pytest.mark.parametrize("forced", [False, True])
 def test_head_weights_holding_code_are_refused_with_the_plugins_message(
     initialized, tmp_path, monkeypatch, forced
