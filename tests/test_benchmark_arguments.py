@@ -334,3 +334,46 @@ def test_partial_annotation_writes_the_skipped_sentences_unknown_and_outside(tmp
         with pytest.raises(SystemExit):
             script.main(["--train", str(tmp_path / "train.spacy"), "--output", "x",
                          "--fraction", fraction])
+
+
+def test_incorrect_spans_marks_the_wrong_suggestions_of_unannotated_sentences(
+    trained_nlp, tmp_path, capsys
+):
+    """The pipeline's entities in the documents without annotation that are not gold entities
+    with their label go to doc.spans["incorrect_spans"]; an annotated document gets none, and
+    the annotation is as it was."""
+    from .conftest import make_examples
+
+    script = load("incorrect_spans")
+    trained_nlp.to_disk(tmp_path / "model")
+    refs = [eg.reference for eg in make_examples(trained_nlp)]
+    gold = [Doc(trained_nlp.vocab, words=[t.text for t in d], spaces=[bool(t.whitespace_)
+                                                                      for t in d]) for d in refs]
+    for doc, ref in zip(gold, refs):  # the gold of the first entity of each doc has no label
+        doc.ents = [e for e in ref.ents][1:]  # ... there: its suggestion is wrong
+    partial = [refs[0]] + [Doc(trained_nlp.vocab, words=[t.text for t in d],
+                               spaces=[bool(t.whitespace_) for t in d]) for d in refs[1:]]
+    DocBin(docs=gold).to_disk(tmp_path / "gold.spacy")
+    DocBin(docs=partial).to_disk(tmp_path / "partial.spacy")
+    script.main(["--corpus", str(tmp_path / "partial.spacy"), "--gold",
+                 str(tmp_path / "gold.spacy"), "--model", str(tmp_path / "model"),
+                 "--output", str(tmp_path / "out.spacy")])
+    out = list(DocBin().from_disk(tmp_path / "out.spacy").get_docs(trained_nlp.vocab))
+    predicted = [trained_nlp(Doc(trained_nlp.vocab, words=[t.text for t in d],
+                                 spaces=[bool(t.whitespace_) for t in d])) for d in refs]
+    right = wrong = 0
+    for i, (doc, pred, g) in enumerate(zip(out, predicted, gold)):
+        assert [t.ent_iob for t in doc] == [t.ent_iob for t in partial[i]]
+        expected = [] if i == 0 else [
+            (e.start, e.end, e.label_) for e in pred.ents
+            if (e.start, e.end, e.label_) not in {(x.start, x.end, x.label_) for x in g.ents}]
+        assert [(s.start, s.end, s.label_) for s in doc.spans["incorrect_spans"]] == expected
+        if i:
+            wrong += len(expected)
+            right += len(pred.ents) - len(expected)
+    assert wrong > 0 and right > 0
+    assert f"suggested {right + wrong} entities, {right} right and {wrong} wrong" in (
+        capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        script.main(["--corpus", str(tmp_path / "none.spacy"), "--gold", "x", "--model", "y",
+                     "--output", "z"])
