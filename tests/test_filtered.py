@@ -29,6 +29,7 @@ from spacy_fsemicrf.structured.filtered import (
     start_bound,
     training_nodes,
 )
+from spacy_fsemicrf.structured.nbest import filtered_nbest
 from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask
 
 from .bruteforce import filtered_enumerate, liang_edges, maximal_nonoverlapping_sets
@@ -705,6 +706,69 @@ def test_grids_that_do_not_fit_are_clear_errors():
         filtered_log_partition(scores, mask)
     with pytest.raises(ValueError, match=r"share one \[B, L, K\] shape, got \(2, 5, 3\), \(2, 4, 3\)"):
         filtered_viterbi(torch.zeros((2, 5, 3)), mask)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_node_set_out_of_grid_order_is_a_clear_error(seed):
+    """The solvers take a node list in grid order: a hand-built NodeSet out of order (or with
+    a node twice) was solved as another graph, without an error (its clusters cut where the
+    listed order, not the tokens, said). Out of order, each entry point that solves a node set
+    refuses it; sorted, it is the in-order node set, which agrees with enumeration."""
+    B, L, K = 2, 5, 3
+    index = torch.tensor([1, 3, 7, 12, 15, 16, 19, 27])  # in grid order
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(index.shape, generator=gen, dtype=DTYPE)
+    labels = torch.randint(1, 3, index.shape, generator=gen)
+    nodes = NodeSet(index, labels, scores, (B, L, K))
+    T = torch.randn((4, 4), generator=gen, dtype=DTYPE)
+    shuffled = torch.randperm(index.numel(), generator=gen)
+    if torch.equal(shuffled, torch.arange(index.numel())):
+        shuffled = shuffled.flip(0)
+    twice = torch.cat([torch.arange(index.numel()), torch.tensor([2])]).sort().values
+    order = "^the nodes must be listed in grid order"
+    for bad in (shuffled, twice):
+        wrong = NodeSet(index[bad], labels[bad], scores[bad], (B, L, K))
+        for t in (None, T):
+            for call in (lambda: decode_node_set(wrong, t),
+                         lambda: decode_node_set(wrong, t, marginals=False),
+                         lambda: solve_node_set(wrong, t, "log_z"),
+                         lambda: filtered_nbest(wrong, torch.tensor([L, L]), t, 3),
+                         lambda: filtered_log_partition(nodes.grid(nodes.scores), nodes.grid(),
+                                                        nodes.grid(labels), t, index[bad])):
+                with pytest.raises(ValueError, match=order):
+                    call()
+    # sorted again, the node set is the in-order one, and that one is the brute-force result
+    again, back = index[shuffled].sort()
+    fixed = NodeSet(again, labels[shuffled][back], scores[shuffled][back], (B, L, K))
+    for t in (None, T):
+        best, marginals = decode_node_set(fixed, t)
+        assert torch.equal(best, decode_node_set(nodes, t)[0])
+        for b in range(B):
+            mine = (index // (L * K) == b).nonzero().squeeze(1).tolist()
+            enum = filtered_enumerate(
+                [(int(index[k] // K % L), int(index[k] // K % L + index[k] % K), int(labels[k]),
+                  float(scores[k])) for k in mine], t)
+            assert tuple(k - mine[0] for k in best.nonzero().squeeze(1).tolist()
+                         if k in mine) in enum.best_paths
+            assert marginals[mine].tolist() == pytest.approx(enum.marginals.tolist(), abs=1e-9)
+
+
+def test_a_node_set_node_off_the_grid_is_a_clear_error():
+    """A node of a hand-built NodeSet past its document's last grid position ran into the next
+    document's cluster (its log Z and marginals were another graph's), and one past the last
+    document indexed out of range."""
+    B, L, K = 2, 3, 3
+    ones = torch.ones(4, dtype=torch.long)
+    # document 0: tokens 1..3 and 2..4 of a 3-token grid; document 1: 0..0 and 0..1
+    nodes = NodeSet(torch.tensor([1 * K + 2, 2 * K + 2, L * K, L * K + 1]), ones,
+                    torch.tensor([1.0, 2.0, 3.0, 4.0]), (B, L, K))
+    with pytest.raises(ValueError, match=r"^a node \(i, w\) must end inside the grid: i \+ w < L$"):
+        decode_node_set(nodes)
+    beyond = NodeSet(torch.tensor([L * K, 2 * L * K, 2 * L * K + 1]), ones[:3],
+                     torch.zeros(3), (B, L, K))
+    with pytest.raises(ValueError, match=r"^node indices must lie in 0..17 on a \(2, 3, 3\) "
+                                         r"grid, got 19$"):
+        solve_node_set(beyond, None, "log_z")
 
 
 def test_transitions_without_labels_are_a_clear_error():

@@ -120,7 +120,9 @@ def compact(node_index: torch.Tensor, shape: Tuple[int, int, int], by_cluster: b
     the last position, where the scan reads END.
     """
     device = node_index.device
-    doc, start, end = batch_line(node_index, shape)
+    flat = node_index.cpu().numpy()
+    doc, start, end = _on_line(flat, shape)
+    check_grid_order(flat, doc, end, shape)
     if doc.size == 0:
         return Compaction((), _host_clusters(doc, doc, doc, doc, doc, (), device))
     reach = numpy.maximum.accumulate(end)
@@ -180,12 +182,43 @@ def batch_line(node_index: torch.Tensor, shape: Tuple[int, int, int]) -> Tuple[n
     """``(doc, start, end)`` of the nodes at the flat grid ``node_index`` (in grid order) on one
     line for the whole batch, with a gap between documents (``doc * (L + 1) + start``), as NumPy
     arrays: sorted by start, and a node's end never reaches the next document's first start."""
+    return _on_line(node_index.cpu().numpy(), shape)
+
+
+def _on_line(flat: numpy.ndarray, shape: Tuple[int, int, int]) -> Tuple[numpy.ndarray, ...]:
+    """:func:`batch_line` of the flat grid indices ``flat``, a NumPy array."""
     _, L, K = shape
     # max(.., 1): an empty grid has no nodes to divide
-    row, width = numpy.divmod(node_index.cpu().numpy(), max(K, 1))  # row = doc * L + start
+    row, width = numpy.divmod(flat, max(K, 1))  # row = doc * L + start
     doc = row // max(L, 1)
     start = row + doc
     return doc, start, start + width
+
+
+def check_grid_order(
+    flat: numpy.ndarray, doc: numpy.ndarray, end: numpy.ndarray, shape: Tuple[int, int, int]
+) -> None:
+    """A ``ValueError`` unless the flat ``[B, L, K]`` grid indices ``flat`` (their ``doc`` and
+    ``end`` on the batch's line, :func:`batch_line`) are in grid order, each once, and each on
+    the grid with its span ending inside it (``i + w < L``): what the compaction takes for
+    granted (a node list out of order, such as a hand-built :class:`~.filtered.NodeSet`, was
+    solved wrongly without an error). A few NumPy calls on the node list."""
+    if flat.size == 0:
+        return
+    B, L, K = shape
+    if numpy.count_nonzero(flat[1:] <= flat[:-1]):
+        raise ValueError(
+            "the nodes must be listed in grid order (by document, start, width), each once: "
+            "a NodeSet's index, or node_index, must be strictly increasing flat [B, L, K] "
+            "indices (sort the index, and the labels and scores alike)"
+        )
+    if flat[0] < 0 or flat[-1] >= B * L * K:
+        raise ValueError(
+            f"node indices must lie in 0..{B * L * K - 1} on a {tuple(shape)} grid, got "
+            f"{int(flat[0]) if flat[0] < 0 else int(flat[-1])}"
+        )
+    if numpy.count_nonzero(end - doc * (L + 1) >= L):  # past its document's last token
+        raise ValueError("a node (i, w) must end inside the grid: i + w < L")
 
 
 def disjoint(node_index: torch.Tensor, shape: Tuple[int, int, int]) -> bool:

@@ -53,7 +53,11 @@ class NodeSet(NamedTuple):
     order (by document, start, width).
 
     ``index`` holds their flat grid indices, ``labels`` their labels and ``scores`` their global
-    scores (read at their labels); all three are ``[n]``.
+    scores (read at their labels); all three are ``[n]``. The index must be strictly increasing
+    (each node once, in grid order) and each node ``(i, w)`` end inside the grid (``i + w <
+    L``): solving a node set built otherwise raises a ``ValueError`` (sort the index, and the
+    labels and scores alike). :func:`decode_node_set` needs no solve where no two nodes
+    overlap, which a node list out of order never is.
     """
 
     index: torch.Tensor
