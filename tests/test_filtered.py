@@ -30,6 +30,7 @@ from spacy_fsemicrf.structured.filtered import (
     training_nodes,
 )
 from spacy_fsemicrf.structured.nbest import filtered_nbest
+from spacy_fsemicrf.structured.semiring import NEG
 from spacy_fsemicrf.structured.spans import gold_label_grid, span_mask
 
 from .bruteforce import filtered_enumerate, liang_edges, maximal_nonoverlapping_sets
@@ -696,6 +697,74 @@ def test_a_node_set_node_at_minus_infinity_is_on_no_path_with_any_probability(se
     assert marginals.tolist() == pytest.approx(enum.marginals.tolist(), abs=1e-9)
     assert log_z.item() == pytest.approx(enum.log_z, abs=1e-9)
     assert tuple(best.nonzero().squeeze(1).tolist()) in enum.best_paths
+
+
+def _graphs_without_a_path():
+    """``(name, mask, scores, labels, T)``: two 6-token documents, the first with every path
+    through a node or a transition of -inf (a node alone, a clique, a small cluster, a
+    cluster for the scan, nodes that overlap none; a transition), the second a graph whose
+    best path is one of several."""
+    inf = math.inf
+    B, L, K = 2, 6, 3
+    labels = torch.ones((B, L, K), dtype=torch.long)
+    second = [(0, 0, 0.5), (0, 1, 0.2), (1, 1, -0.3), (3, 0, 1.0), (4, 0, 0.1), (3, 2, 0.7)]
+    graphs = {
+        "alone": [(2, 0, -inf)],
+        "clique": [(2, 0, -inf), (2, 1, -inf), (1, 2, -inf)],
+        "small cluster": [(0, 1, -inf), (1, 1, -inf), (2, 1, -inf)],
+        "scan": [(0, 1, -inf), (1, 1, -inf), (2, 1, -inf), (3, 1, -inf), (4, 1, -inf),
+                 (0, 0, -inf), (2, 0, -inf), (4, 0, -inf), (5, 0, -inf)],
+        "no overlap": [(0, 0, 1.0), (2, 1, -inf), (5, 0, 2.0)],
+    }
+    out = []
+    for name, nodes in graphs.items():
+        mask = torch.zeros((B, L, K), dtype=torch.bool)
+        scores = torch.zeros((B, L, K), dtype=DTYPE)
+        for b, doc in enumerate((nodes, second)):
+            for i, w, v in doc:
+                mask[b, i, w], scores[b, i, w] = True, v
+        out.append((name, mask, scores, labels, None))
+        out.append((name + ", transitions", mask, scores, labels, torch.zeros((3, 3), dtype=DTYPE)))
+    mask, scores = out[-2][1].clone(), out[-2][2].clone()
+    scores[0][mask[0]] = 0.0
+    labels = labels.clone()
+    labels[1] = 2
+    T = torch.zeros((4, 4), dtype=DTYPE)
+    T[3, 1] = -inf  # no path of the first document (label 1 only) may start
+    out.append(("a transition", mask, scores, labels, T))
+    return out
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_a_document_whose_every_path_is_minus_infinity_has_no_best_path(case):
+    """Where every path of a document scores -inf there is no distribution: Viterbi chose a
+    path all the same, scored -1e30 or -2e30 (NEG, or a multiple), and the marginals were 1,
+    1/n or 0 as the graph was solved (a node alone, a clique, a small cluster, the scan). Now
+    no node is chosen, the best score is -inf, every marginal is 0, log Z stays finite at or
+    below NEG / 2; the other document of the batch is as enumeration gives it, and the
+    node-set entry points agree with the grid ones."""
+    name, mask, scores, labels, T = _graphs_without_a_path()[case]
+    chosen, best = filtered_viterbi(scores, mask, labels, T)
+    marginals = filtered_marginals(scores, mask, labels, T)
+    decoded, decoded_marginals = filtered_decode(scores, mask, labels, T)
+    log_z = filtered_log_partition(scores, mask, labels, T)
+    assert best[0].item() == -math.inf and not chosen[0].any(), name
+    assert not marginals[0].any() and not decoded[0].any() and not decoded_marginals[0].any()
+    assert -math.inf < log_z[0].item() <= NEG / 2
+    grid = [tuple(x) for x in mask[1].nonzero().tolist()]
+    enum = filtered_enumerate(
+        [(i, i + w, int(labels[1, i, w]), float(scores[1, i, w])) for i, w in grid], T)
+    assert best[1].item() == pytest.approx(enum.best_score, abs=1e-9)
+    assert tuple(k for k, (i, w) in enumerate(grid) if chosen[1, i, w]) in enum.best_paths
+    assert [marginals[1, i, w].item() for i, w in grid] == pytest.approx(
+        enum.marginals.tolist(), abs=1e-9)
+    assert torch.equal(decoded, chosen) and torch.equal(decoded_marginals, marginals)
+    index = mask.view(-1).nonzero().squeeze(1)
+    nodes = NodeSet(index, labels.view(-1)[index], scores.view(-1)[index], tuple(mask.shape))
+    node_best, node_marginals = decode_node_set(nodes, T)
+    assert torch.equal(node_best, chosen.view(-1)[index])
+    assert torch.equal(node_marginals, marginals.view(-1)[index])
+    assert torch.equal(solve_node_set(nodes, T, "viterbi").total, best)
 
 
 def test_grids_that_do_not_fit_are_clear_errors():

@@ -26,6 +26,7 @@ prediction goes through :func:`inference_node_set` and :func:`decode_node_set`, 
 build a grid: a trained model keeps about one node per entity, and at that size decoding a batch
 costs a fixed number of small calls, so every grid pass saved shows.
 """
+import math
 from typing import NamedTuple, Optional, Tuple
 
 import numpy
@@ -543,7 +544,29 @@ def _solve(
         else:
             log_z = _scan(scan_scores, scan_mask, scan_labels, transitions, False).total
             totals = totals.index_add(0, block.row_doc, log_z)
+    if mode != "log_z":
+        # where every path is -inf (NEG or below once clamped), no path has a probability
+        host_totals = solved.totals if not comp.blocks else host_array(totals)
+        none = host_totals <= neg_value(scores.dtype) / 2
+        if numpy.count_nonzero(none):
+            return _without_paths(_Solution(totals, best, marginals), to_device(none, device),
+                                  index // (L * K))
     return _Solution(totals, best, marginals)
+
+
+def _without_paths(solution: _Solution, none: torch.Tensor, doc: torch.Tensor) -> _Solution:
+    """``solution`` with the documents ``none`` (``BoolTensor[B]``), whose every path is
+    ``-inf``, given no distribution: no node on the best path, whose score is ``-inf``, and
+    every node's marginal 0 (the nodes' documents are ``doc [n]``); their log Z is left as it
+    is, at or below ``NEG / 2`` (finite, so that a gradient is no NaN)."""
+    total, best, marginals = solution
+    on_none = none[doc]
+    if best is not None:
+        best = best & ~on_none
+        total = total.masked_fill(none, -math.inf)
+    if marginals is not None:
+        marginals = marginals.masked_fill(on_none, 0.0)
+    return _Solution(total, best, marginals)
 
 
 def check_node_labels(labels: torch.Tensor, transitions: torch.Tensor) -> torch.Tensor:
@@ -622,7 +645,9 @@ def filtered_log_partition(
 
     ``node_scores``, ``node_mask`` and ``node_labels`` are ``[B, L, K]`` grids (labels only
     matter with ``transitions``); ``node_index``, the flat indices of the nodes in grid order,
-    saves the pass over the mask when the caller has it."""
+    saves the pass over the mask when the caller has it. Where every path of a document scores
+    ``-inf`` its log Z is not ``-inf`` but at or below ``NEG / 2`` (finite, so that its
+    gradient is no NaN)."""
     return _solve_grid(node_scores, node_mask, node_labels, transitions, "log_z", node_index).total
 
 
@@ -634,7 +659,9 @@ def filtered_viterbi(
     transitions: Optional[torch.Tensor] = None,
     node_index: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The best path: ``(chosen BoolTensor[B, L, K], best score [B])``."""
+    """The best path: ``(chosen BoolTensor[B, L, K], best score [B])``. A document whose every
+    path scores ``-inf`` (through nodes or transitions of ``-inf``) has no best path: no node
+    chosen, and a best score of ``-inf``."""
     solution = _solve_grid(node_scores, node_mask, node_labels, transitions, "viterbi", node_index)
     return solution.best, solution.total
 
@@ -647,7 +674,8 @@ def filtered_marginals(
     transitions: Optional[torch.Tensor] = None,
     node_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``[B, L, K]``: the probability that each node is on the path (0 for non-nodes)."""
+    """``[B, L, K]``: the probability that each node is on the path (0 for non-nodes, and for
+    every node of a document whose every path scores ``-inf``: no distribution)."""
     mode = "marginals"
     return _solve_grid(node_scores, node_mask, node_labels, transitions, mode, node_index).marginals
 
@@ -661,7 +689,8 @@ def filtered_decode(
     node_index: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The best path and every node's marginal, ``(chosen [B, L, K], marginals [B, L, K])``,
-    sharing one compaction."""
+    sharing one compaction (a document whose every path is ``-inf``: none chosen, marginals 0,
+    as in :func:`filtered_viterbi` and :func:`filtered_marginals`)."""
     solution = _solve_grid(node_scores, node_mask, node_labels, transitions, "decode", node_index)
     return solution.best, solution.marginals
 
@@ -672,19 +701,28 @@ def solve_node_set(
     """Solve a :class:`NodeSet` without a grid: ``mode`` "log_z" (differentiable), "viterbi",
     "marginals" or "decode" (both). Returns ``(total [B], best [n], marginals [n])``, the total
     being the best path's score when the best path is asked for, else log Z. A node scored
-    ``-inf`` is on no path with any probability, as in :func:`filtered_log_partition`."""
+    ``-inf`` is on no path with any probability, as in :func:`filtered_log_partition`; a
+    document whose every path is ``-inf`` has none, as in :func:`filtered_decode`."""
     return _solve(nodes.index, nodes.scores, nodes.labels, nodes.shape, transitions, mode)
 
 
 @torch.no_grad()
 def decode_node_set(
-    nodes: NodeSet, transitions: Optional[torch.Tensor] = None, marginals: bool = True
+    nodes: NodeSet,
+    transitions: Optional[torch.Tensor] = None,
+    marginals: bool = True,
+    check_scores: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Decode a :class:`NodeSet` without a grid (what a pipeline does at prediction time):
     ``(best BoolTensor[n], marginals [n])``, whether each listed node is on the best path and
     its marginal probability (None when ``marginals`` is False: Viterbi only). A node scored
-    ``-inf`` is on no path with any probability (marginal 0), as on the grid."""
-    if transitions is None and disjoint(nodes.index, nodes.shape):
+    ``-inf`` is on no path with any probability (marginal 0), as on the grid; a document whose
+    every path is ``-inf`` has no node on the best path and every marginal 0, as in
+    :func:`filtered_decode`. Where no two nodes overlap, that takes a look at the scores on
+    the host, which ``check_scores=False`` saves a caller whose scores are finite."""
+    if transitions is None and disjoint(nodes.index, nodes.shape) and not (
+            check_scores and numpy.count_nonzero(
+                host_array(nodes.scores) <= neg_value(nodes.scores.dtype) / 2)):
         # the graph's one path holds every node, each a clique of its own: what the solve
         # gives (exactly 1.0), without it (most documents of a trained model, one at a time)
         return torch.ones_like(nodes.index, dtype=torch.bool), (

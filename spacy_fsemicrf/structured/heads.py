@@ -576,7 +576,7 @@ class FilteredSemiCRFHead(nn.Module):
         # long cluster sums thousands in log space, where float32 lost marginals' second digit
         wide_nodes = nodes._replace(scores=nodes.scores.double())
         wide_T = None if T is None else T.double()
-        best, marginals = filtered.decode_node_set(wide_nodes, wide_T)
+        best, marginals = filtered.decode_node_set(wide_nodes, wide_T, check_scores=False)
         # The marginal alone is 1 for a node that overlaps no other: the local probability of
         # its label brings in the filter's own uncertainty.
         p_local = local_label_probability(local, nodes.index, nodes.labels)
