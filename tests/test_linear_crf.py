@@ -21,6 +21,7 @@ from spacy_fsemicrf.structured.linear_crf import (
     tag_scheme,
     tags_to_spans,
 )
+from spacy_fsemicrf.structured.semiring import NEG
 
 from .bruteforce import (
     crf_enumerate,
@@ -319,6 +320,38 @@ def test_a_tag_scored_minus_infinity_is_in_no_sequence(seed, scheme, masked):
         assert [s.prob for s in found] == pytest.approx(expected, abs=1e-9)
     assert torch.allclose(grad, marginals, atol=1e-9)
     assert not marginals[em == -math.inf].any()
+
+
+@pytest.mark.parametrize("scheme", ["BIO", "BILUO"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_document_whose_every_sequence_is_minus_infinity_has_none(scheme, masked):
+    """Where every tag sequence of a document scores -inf there is no distribution: Viterbi
+    returned a sequence all the same (here with an entity), scored NEG, and every tag marginal
+    came out 1 (several tags of probability 1 on one token). Now tags O (no entity), a best score
+    of -inf, tag and span marginals 0 and a best-sequence probability 0, as the semi-CRFs';
+    log Z stays finite at or below NEG / 2, and the other document is as enumeration gives
+    it."""
+    gen = torch.Generator().manual_seed(1)
+    ts = tag_scheme(1, scheme)
+    n = ts.n_tags
+    lengths = torch.tensor([4, 3])
+    em = torch.randn((2, 4, n), generator=gen, dtype=DTYPE)
+    em[0, 1] = -math.inf  # every sequence of the first document goes through token 1
+    T = torch.randn((n + 1, n + 1), generator=gen, dtype=DTYPE)
+    allowed = ts.allowed if masked else None
+    tags, best = crf_viterbi(em, T, lengths, allowed)
+    marginals = crf_marginals(em, T, lengths, allowed)
+    log_z = crf_log_partition(em, T, lengths, allowed)
+    spans = all_spans(lengths, 1)
+    span_probs = crf_span_marginals(em, T, lengths, spans, ts, allowed)
+    assert best[0].item() == -math.inf and not tags[0].any() and not marginals[0].any()
+    assert not span_probs[spans[:, 0] == 0].any()
+    assert crf_best_sequence_prob(em, T, lengths, allowed)[0].item() == 0.0
+    assert -math.inf < log_z[0].item() <= NEG / 2
+    enum = crf_enumerate(em[1], T, 3, allowed)
+    assert best[1].item() == pytest.approx(enum.best_score, abs=1e-9)
+    assert tuple(tags[1, :3].tolist()) in enum.best_paths
+    assert torch.allclose(marginals[1], enum.marginals, atol=1e-9)
 
 
 @settings(max_examples=40, deadline=None)

@@ -15,6 +15,7 @@ from spacy_fsemicrf.structured.semicrf import (
     semicrf_marginals,
     semicrf_viterbi,
 )
+from spacy_fsemicrf.structured.semiring import NEG
 
 from .bruteforce import (
     graph_paths,
@@ -304,6 +305,45 @@ def test_a_segment_scored_minus_infinity_is_in_no_segmentation(seed, use_t):
         assert best[b].item() == pytest.approx(enum.best_score, abs=1e-9)
         assert torch.allclose(marginals[b], enum.marginals, atol=1e-9)
     assert torch.allclose(grad, marginals, atol=1e-9) and not marginals[forbid].any()
+
+
+@pytest.mark.parametrize("use_t", [False, True])
+@pytest.mark.parametrize("how", ["every segment", "one token", "a transition"])
+def test_a_document_whose_every_segmentation_is_minus_infinity_has_none(use_t, how):
+    """Where every segmentation of a document scores -inf there is no distribution: Viterbi
+    returned entities all the same (here, with every segment over token 1 at -inf, the
+    entities of a segmentation through it), scored NEG, and the marginals summed to anything
+    (1.9 over a document). Now no entity, a best score of -inf and marginals 0, as the
+    filtered semi-CRF's; log Z stays finite at or below NEG / 2, and the other document is
+    as enumeration gives it."""
+    gen = torch.Generator().manual_seed(3)
+    B, L, K, C = 2, 4, 2, 3
+    lengths = torch.tensor([4, 3])
+    scores = torch.randn((B, L, K, C), generator=gen, dtype=DTYPE)
+    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    if how == "every segment":
+        scores[0] = -math.inf
+    elif how == "one token":
+        scores[0, 1] = -math.inf
+        scores[0, 0, 1] = -math.inf
+    elif use_t:
+        T[C, :] = -math.inf  # no segmentation may start: in either document
+    else:
+        scores[0, 2] = -math.inf
+        scores[0, 1, 1] = -math.inf
+    spans, best = semicrf_viterbi(scores, lengths, T)
+    marginals = semicrf_marginals(scores, lengths, T)
+    log_z = semicrf_log_partition(scores, lengths, T)
+    assert best[0].item() == -math.inf and not (spans[:, 0] == 0).any()
+    assert not marginals[0].any() and -math.inf < log_z[0].item() <= NEG / 2
+    enum = semicrf_enumerate(scores[1], 3, T)
+    if enum.best_score == -math.inf:  # (the transitions from START forbid both documents)
+        assert best[1].item() == -math.inf and not marginals[1].any()
+        return
+    assert best[1].item() == pytest.approx(enum.best_score, abs=1e-9)
+    mine = tuple(tuple(r[1:]) for r in spans.tolist() if r[0] == 1)
+    assert any(tuple(seg for seg in path if seg[2] > 0) == mine for path in enum.best_paths)
+    assert torch.allclose(marginals[1], enum.marginals, atol=1e-9)
 
 
 def test_empty_batch_and_zero_length_batch():

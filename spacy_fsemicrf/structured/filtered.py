@@ -661,7 +661,8 @@ def filtered_viterbi(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The best path: ``(chosen BoolTensor[B, L, K], best score [B])``. A document whose every
     path scores ``-inf`` (through nodes or transitions of ``-inf``) has no best path: no node
-    chosen, and a best score of ``-inf``."""
+    chosen, and a best score of ``-inf`` (as :func:`~.semicrf.semicrf_viterbi` and
+    :func:`~.linear_crf.crf_viterbi` answer)."""
     solution = _solve_grid(node_scores, node_mask, node_labels, transitions, "viterbi", node_index)
     return solution.best, solution.total
 

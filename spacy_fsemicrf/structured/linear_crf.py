@@ -265,7 +265,8 @@ def crf_log_partition(
     """``log Z`` per document, ``Tensor[B]`` (0 for empty documents).
 
     ``emissions`` is ``[B, L, n_tags]``, ``transitions`` ``[n_tags + 1, n_tags + 1]``;
-    transitions where ``allowed`` is False are masked with NEG.
+    transitions where ``allowed`` is False are masked with NEG. Where every valid sequence
+    scores -inf, log Z is not -inf but at or below ``NEG / 2`` (finite: a gradient without NaN).
     """
     lengths = lengths.to(emissions.device).long()
     return _forward(*_prepared(emissions, transitions, allowed), lengths)[1]
@@ -302,7 +303,9 @@ def crf_viterbi(
     lengths: torch.Tensor,
     allowed: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Best tag sequence per document: ``(tags LongTensor[B, L] padded with 0, best [B])``."""
+    """Best tag sequence per document: ``(tags LongTensor[B, L] padded with 0, best [B])``. A
+    document whose every valid sequence scores ``-inf`` has no best one: tags 0 (``O``, no
+    entity) and a best score of ``-inf``."""
     with torch.no_grad():
         B, L, n = emissions.shape
         device = emissions.device
@@ -328,7 +331,10 @@ def crf_viterbi(
             path.append(tag)
         tags = torch.stack(path[::-1], 1)
         in_doc = token_mask(lengths, L)
-        tags = torch.where(in_doc, tags, torch.zeros_like(tags))
+        # every sequence -inf (NEG or below, as masked): no distribution, no best sequence
+        none = (best <= neg_value(best.dtype) / 2) & (lengths > 0)
+        tags = torch.where(in_doc & ~none.view(-1, 1), tags, torch.zeros_like(tags))
+        best = best.masked_fill(none, -math.inf)
         return tags, torch.where(lengths > 0, best, best.new_zeros(()))
 
 
@@ -338,7 +344,8 @@ def crf_marginals(
     lengths: torch.Tensor,
     allowed: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``Tensor[B, L, n_tags]``: probability of each tag at each token (0 on padding).
+    """``Tensor[B, L, n_tags]``: probability of each tag at each token (0 on padding, and
+    everywhere in a document whose every valid sequence scores ``-inf``: no distribution).
 
     Forward-backward: ``exp(alpha[t, y] + beta[t, y] - log Z)`` (equal to the gradient of
     ``log Z`` with respect to the emissions), in float64 whatever the emissions' precision (the
@@ -353,7 +360,7 @@ def crf_marginals(
         alphas, log_z = _forward(em, T, lengths)
         betas = _backward(em, T, lengths)
         probs = (alphas + betas - log_z.view(-1, 1, 1)).exp().clamp_max(1.0)
-        in_doc = token_mask(lengths, L)
+        in_doc = token_mask(lengths, L) & (log_z > NEG / 2).view(-1, 1)
         probs = torch.where(in_doc.unsqueeze(-1), probs, probs.new_zeros(()))
         return probs.to(emissions.dtype)
 
@@ -454,4 +461,6 @@ def crf_span_marginals(
             single = alphas[doc, s, tag_u] + betas[doc, s, tag_u]
             total = torch.where(wide, multi, single)
         prob = (total - log_z[doc]).exp().clamp_max(1.0)
+        # every sequence -inf: no distribution, every span's probability 0
+        prob = torch.where(log_z[doc] > NEG / 2, prob, prob.new_zeros(()))
     return prob.to(emissions.dtype)

@@ -99,8 +99,10 @@ def semicrf_log_partition(
     """``log Z`` per document, ``Tensor[B]``, by the forward scan.
 
     ``scores`` is ``[B, L, K, C]``; entries of impossible segments are ignored (masked here).
-    A segment scored -inf is in no segmentation with any probability (it counts as NEG).
-    ``transitions`` is ``[C + 1, C + 1]`` or None. Empty documents get exactly 0.
+    A segment scored -inf is in no segmentation with any probability (it counts as NEG); where
+    every segmentation is -inf, log Z is not -inf but at or below ``NEG / 2`` (finite, so that
+    its gradient is no NaN). ``transitions`` is ``[C + 1, C + 1]`` or None. Empty documents get
+    exactly 0.
     """
     B, L, K, C = scores.shape
     if L == 0:
@@ -189,7 +191,8 @@ def semicrf_viterbi(
 
     Returns ``(spans LongTensor[N, 4], best Tensor[B])``: the entity segments (null ones left
     out) as rows ``(doc, start, end_inclusive, label)`` sorted by ``(doc, start)``, and each
-    document's best score (0 for empty documents).
+    document's best score (0 for empty documents). A document whose every segmentation scores
+    ``-inf`` has no best one: no rows, and a best score of ``-inf``.
     """
     with torch.no_grad():
         return _viterbi(scores, lengths, transitions)
@@ -253,10 +256,13 @@ def _viterbi(
         rows.append(torch.stack([batch, s, tt - 1, seg_label, active.long()], 1))
         label = torch.where(active, new_label, label)
         t = torch.where(active, s, t)
+    # every segmentation -inf (NEG or below, as masked): no distribution, no best segmentation
+    none = best <= neg_value(best.dtype) / 2
+    best = best.masked_fill(none, -float("inf"))
     if not rows:
         return torch.zeros((0, 4), dtype=torch.long, device=device), best
     segs = torch.cat(rows, 0)
-    segs = segs[(segs[:, 4] > 0) & (segs[:, 3] > 0), :4]
+    segs = segs[(segs[:, 4] > 0) & (segs[:, 3] > 0) & ~none[segs[:, 0]], :4]
     order = torch.argsort(segs[:, 0] * (L + 1) + segs[:, 1])
     return segs[order], best
 
@@ -265,7 +271,8 @@ def semicrf_marginals(
     scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     """``Tensor[B, L, K, C]``: probability that labelled segment ``(i, w, c)`` is in the
-    segmentation (0 for impossible segments).
+    segmentation (0 for impossible segments, and for every segment of a document whose every
+    segmentation scores ``-inf``: no distribution).
 
     The gradient of ``log Z`` with respect to the segment scores; computed with autograd, so
     it is safe to call under ``torch.no_grad()`` and ``torch.inference_mode()``. The result is
@@ -286,7 +293,9 @@ def semicrf_marginals_and_log_z(
         T = None if transitions is None else _normal_tensor(transitions)
         log_z = semicrf_log_partition(leaf, _normal_tensor(lengths), T)
         (grad,) = torch.autograd.grad(log_z.sum(), leaf)
-    return grad, log_z.detach()
+    # every segmentation -inf: log Z at NEG or below, and a gradient that is no distribution
+    some = (log_z.detach() > neg_value(log_z.dtype) / 2).view(-1, 1, 1, 1)
+    return torch.where(some, grad, grad.new_zeros(())), log_z.detach()
 
 
 def _normal_tensor(x: torch.Tensor) -> torch.Tensor:
