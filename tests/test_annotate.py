@@ -806,6 +806,48 @@ def test_a_rerun_with_other_settings_is_refused(model_dir, corpus, tmp_path):
         annotate(str(model_dir), corpus, out, shard_size=20, progress=False)
 
 
+def test_a_rerun_with_another_build_of_the_model_is_refused(model_dir, tmp_path, monkeypatch):
+    """A pipeline directory trained again, or a package reinstalled from another build, keeps
+    its path or name: a rerun kept the earlier build's shards beside the new build's."""
+    from spacy_fsemicrf.annotate import engine
+
+    def run_todo(client, scheduler, workers, model, todo, shards, output, *rest):
+        for shard in todo:  # (the stand-in task loop writes empty shards)
+            write_shard(output, shard.index, [], [])
+        return 1
+
+    monkeypatch.setattr(engine, "_run_todo", run_todo)
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "Hello there ."}) + "\n")
+
+    def run(model: str, out: str):
+        return annotate(model, tmp_path / "in.jsonl", tmp_path / out, client=object(),
+                        progress=False)
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    run(str(model), "dir")
+    assert run(str(model), "dir").skipped_shards == 1  # the same build: its shard is kept
+    meta = json.loads((model / "meta.json").read_text())
+    (model / "meta.json").write_text(json.dumps({**meta, "description": "trained again"}))
+    with pytest.raises(AnnotateError, match="another build of the model " + re.escape(
+            str(model))):
+        run(str(model), "dir")
+
+    for version in ("0.1.0+model.aaaa", "0.1.0+model.bbbb"):  # as scripts/package.py labels
+        info = tmp_path / version / f"en_built-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: en_built\n"
+                                       f"Version: {version}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "0.1.0+model.aaaa"))
+    run("en_built", "package")
+    assert run("en_built", "package").skipped_shards == 1
+    monkeypatch.syspath_prepend(str(tmp_path / "0.1.0+model.bbbb"))  # found first
+    with pytest.raises(AnnotateError, match="another build of the model en_built"):
+        run("en_built", "package")
+    assert run("a_model_only_the_workers_have", "remote").skipped_shards == 0
+    assert run("a_model_only_the_workers_have", "remote").skipped_shards == 1
+
+
 def test_shards_read_every_record_once(corpus):
     nlp = spacy.blank("en")
     for size in (1, 7, 50, 1000):

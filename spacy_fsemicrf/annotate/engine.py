@@ -9,6 +9,7 @@ the same complete shard: no document is lost or annotated twice.
 
 This is the only module that imports Dask.
 """
+import hashlib
 import logging
 import os
 import signal
@@ -164,6 +165,28 @@ def resolve_model(model: str, must_exist_here: bool) -> str:
     return model
 
 
+def model_build(model: str) -> Optional[str]:
+    """What tells the builds of ``model`` (as :func:`resolve_model` gives it) apart, where this
+    machine has it: a digest of a pipeline directory's files, or an installed package's version
+    (``scripts/package.py`` labels it with a digest of the pipeline's files); else None."""
+    path = Path(model)
+    if path.is_dir():
+        digest = hashlib.blake2b(digest_size=16)
+        try:
+            for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                name = file.relative_to(path).as_posix().encode("utf8")
+                digest.update(name + b"\0" + file.stat().st_size.to_bytes(8, "little"))
+                with file.open("rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        digest.update(block)
+        except OSError as err:
+            raise AnnotateError(f"cannot read the pipeline {model}: {err}") from err
+        return f"files:{digest.hexdigest()}"
+    if spacy.util.is_package(model):
+        return f"version:{spacy.util.get_package_version(model)}"
+    return None
+
+
 def connect(scheduler: Optional[str], workers: Optional[int]) -> Tuple[Any, Any]:
     """``(client, cluster)``: a client of the scheduler at ``scheduler``, or of a new
     ``LocalCluster`` of ``workers`` processes with one thread each (cluster None otherwise)."""
@@ -293,7 +316,8 @@ def annotate(
         raise AnnotateError(f"OUTPUT {output} is inside the INPUT directory {input_path}: "
                             f"write it elsewhere")
     shards = plan_shards(Path(input_path), shard_size)
-    changed = prepare_output(output, model, shard_size, shards, update=update)
+    changed = prepare_output(output, model, shard_size, shards, update=update,
+                             build=model_build(model))
     remove_temporary(output)
     done = finished_shards(output, shards)
     todo = [shard for shard in shards if shard.index not in done]

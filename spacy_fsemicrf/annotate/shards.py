@@ -1,8 +1,8 @@
 """The output of ``annotate``: shard files written atomically, the manifest, entities.jsonl.
 
 OUTPUT/
-    manifest.json            the model, the shard size and every shard with a digest of its
-                             documents (checked on a rerun)
+    manifest.json            the model and its build, the shard size and every shard with a
+                             digest of its documents (checked on a rerun)
     shards/000000.spacy      the annotated documents of shard 0 (ids in doc.user_data["id"])
     shards/000000.jsonl      their entities, one JSON object a line
     entities.jsonl           every shard's entities in input order, written at the end
@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Set, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import numpy
 import srsly
@@ -180,10 +180,13 @@ def remove_temporary(output: Path) -> int:
 
 
 def prepare_output(
-    output: Path, model: str, shard_size: int, shards: List[Shard], update: bool = False
+    output: Path, model: str, shard_size: int, shards: List[Shard], update: bool = False,
+    build: Optional[str] = None,
 ) -> List[int]:
     """Create OUTPUT with its manifest, or check that an existing one was written for the same
-    model, input and shard size (a rerun must find the same shards).
+    model, input and shard size (a rerun must find the same shards). ``build`` tells builds of
+    the model apart (:func:`.engine.model_build`): one that differs from the manifest's is
+    refused, one unknown to either is not compared.
 
     With ``update``, an input that changed since that run is accepted: the files of the shards
     whose documents changed (and of shards the input no longer has) are removed, so that the
@@ -193,6 +196,7 @@ def prepare_output(
         "model": model,
         "shard_size": shard_size,
         "shards": [shard.to_dict() for shard in shards],
+        "model_build": build,
     }
     path = output / MANIFEST
     for folder in (output, output / "shards"):
@@ -212,6 +216,12 @@ def prepare_output(
                     f"annotate into a new OUTPUT directory, or rerun with the same model, input "
                     f"and shard size"
                 )
+        if None not in (previous.get("model_build"), build) and previous["model_build"] != build:
+            raise AnnotateError(
+                f"OUTPUT {output} holds a run with another build of the model {model} (its "
+                f"files or its package version differ); annotate into a new OUTPUT directory, "
+                f"or rerun with the build it was annotated with"
+            )
         old, new = previous.get("shards", []), manifest["shards"]
         earlier = previous.get("format") != MANIFEST_FORMAT or any("digest" not in s for s in old)
         changed = _changed_shards(old, new, earlier)
