@@ -203,8 +203,8 @@ def make_fsemicrf_ner(
     incorrect_spans_key (Optional[str]): as for spaCy's ``ner``: the spans of a training
         example's ``reference.spans[incorrect_spans_key]`` are entities known to be wrong
         (a rejected suggestion of binary annotation): training learns no path that holds one,
-        and the document counts as annotated there. Span heads only; None (the default)
-        reads none.
+        and a document with such spans is trained on even without entity annotation (its
+        tokens unknown). Span heads only; None (the default) reads none.
     scorer (Optional[Callable]): defaults to ``spacy-fsemicrf.ner_scorer.v1`` (ents_p/r/f).
     """
     return FSemiCRFEntityRecognizer(
