@@ -13,7 +13,7 @@ Exit status 1 when a check fails (no entity to train on), as ``spacy debug data`
 import argparse
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set
 
 from spacy import util
 from spacy.cli._util import import_code, parse_config_overrides, show_validation_error
@@ -91,18 +91,36 @@ def _counts(counter: Counter) -> str:
     return ", ".join(f"'{label}' ({count})" for label, count in sorted(counter.items()))
 
 
+def training_labels(nlp: Language, name: str, train: List[Example]) -> Set[str]:
+    """The labels the component ``name`` of ``nlp`` (built from a training config) trains
+    with: its own where it has them (sourced from a trained pipeline, which ``spacy train``
+    does not initialize again), else ``[initialize.components.NAME] labels`` where given, else
+    those of the ``train`` entities (as its ``initialize`` takes them)."""
+    pipe = nlp.get_pipe(name)
+    if pipe.labels:
+        return set(pipe.labels)
+    settings = nlp.config.interpolate()["initialize"]["components"].get(name, {})
+    given = registry.resolve({"settings": settings})["settings"].get("labels")
+    if given is not None:
+        return set(given)
+    return {ent.label_ for eg in train for ent in eg.reference.ents}
+
+
 def report_component(
-    msg: Printer, name: str, pipe: Any, train: List[Example], dev: List[Example], verbose: bool
+    msg: Printer, name: str, pipe: Any, train: List[Example], dev: List[Example], verbose: bool,
+    labels: Optional[Set[str]] = None,
 ) -> None:
-    """Print the checks of the component ``name`` on the ``train`` and ``dev`` examples."""
+    """Print the checks of the component ``name`` on the ``train`` and ``dev`` examples;
+    ``labels`` are those it trains with (:func:`training_labels`; None: those of the ``train``
+    entities)."""
     limit = pipe.max_width if pipe.span_head else None
     msg.divider(f"fsemicrf_ner: {name}")
     head = pipe.model.attrs.get("arch", "?")
     msg.info(f"Head {head}: " + (f"entities of at most max_width={limit} tokens"
                                  if limit is not None else "no limit on an entity's width"))
     key = pipe.incorrect_spans_key
-    # the labels the component is initialized with from the training data
-    labels = {ent.label_ for eg in train for ent in eg.reference.ents}
+    if labels is None:  # the labels the component is initialized with from the training data
+        labels = {ent.label_ for eg in train for ent in eg.reference.ents}
     tr, dv = corpus_report(train, limit, key, labels), corpus_report(dev, limit)
     msg.text(f"{tr.docs} training docs, {tr.annotated} with entity annotation; {dv.docs} "
              f"evaluation docs, {dv.annotated} with entity annotation")
@@ -121,7 +139,7 @@ def report_component(
     if key is not None:
         msg.info(f"{tr.incorrect_given} training spans in doc.spans[{key!r}], entities known to "
                  f"be wrong: {tr.incorrect} read, {tr.incorrect_given - tr.incorrect} left out (a "
-                 f"label not in the training entities, edges off the pipeline's tokens, or wider "
+                 f"label the component does not have, edges off the pipeline's tokens, or wider "
                  f"than max_width: the component could never predict them)")
     low = {label: n for label, n in tr.labels.items() if n <= NEW_LABEL_THRESHOLD}
     for label, n in sorted(low.items()):
@@ -216,7 +234,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         msg.fail(f"The config's pipeline has no fsemicrf_ner component (its components: "
                  f"{', '.join(nlp.pipe_names) or 'none'})")
     for name in names:
-        report_component(msg, name, nlp.get_pipe(name), train, dev, args.verbose)
+        report_component(msg, name, nlp.get_pipe(name), train, dev, args.verbose,
+                         training_labels(nlp, name, train))
     counts = msg.counts
     msg.divider("Summary")
     msg.text(f"{counts[MESSAGES.GOOD]} checks passed, {counts[MESSAGES.WARN]} warnings, "

@@ -142,3 +142,31 @@ def test_example_entities_splits_as_training_reads():
     split = example_entities(eg, None)
     assert [e.text for e in split.kept] == ["Bank of Rome"] and not split.wide
     assert example_entities(Example(nlp.make_doc("a b"), nlp.make_doc("a b")), 2) is None
+
+
+def test_entities_known_to_be_wrong_are_read_with_the_labels_the_component_trains_with(
+        corpora, capsys, tmp_path):
+    """The rejected "Paris" is a FOO and a PER, and the training entities are PERs only: FOO is
+    read where the component has it, from [initialize.components] or from the trained pipeline
+    it is sourced from (spacy train does not initialize it again), as its training reads it."""
+    from spacy import util
+
+    config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
+    config["components"]["fsemicrf_ner"]["incorrect_spans_key"] = "incorrect_spans"
+    config["initialize"]["components"]["fsemicrf_ner"] = {"labels": ["FOO", "PER"]}
+    config.to_disk(tmp_path / "labels.cfg")
+    status, out = run(tmp_path / "labels.cfg", corpora, capsys, train="rejected.spacy")
+    assert status == 0
+    assert ("2 training spans in doc.spans['incorrect_spans'], entities known to be wrong: 2 "
+            "read, 0 left out") in out
+    del config["initialize"]["components"]["fsemicrf_ner"]
+    nlp = util.load_model_from_config(config, auto_fill=True)
+    nlp.initialize(lambda: [Example(nlp.make_doc("Ann met Bob"), doc(
+        nlp.vocab, ["Ann", "met", "Bob"], ["B-PER", "O", "B-FOO"]))])
+    nlp.to_disk(tmp_path / "trained")
+    for name in ("tok2vec", "fsemicrf_ner"):
+        config["components"][name] = {"source": str(tmp_path / "trained")}
+    config.to_disk(tmp_path / "sourced.cfg")
+    status, out = run(tmp_path / "sourced.cfg", corpora, capsys, train="rejected.spacy")
+    assert status == 0
+    assert "entities known to be wrong: 2 read, 0 left out" in out
