@@ -37,7 +37,7 @@ class CorpusReport(NamedTuple):
     docs: int
     annotated: int  # docs with entity annotation (the others are not read)
     tokens: int  # tokens of the annotated docs
-    unknown: int  # tokens of them without entity annotation
+    unknown: int  # tokens of them without entity annotation, whitespace aside
     labels: Counter  # entities kept, by label
     wide: Counter  # entities left out for their width, by label
     widest: int
@@ -73,7 +73,8 @@ def corpus_report(
         annotated += 1
         ref = eg.reference
         tokens += len(ref)
-        unknown += sum(token.ent_iob == 0 for token in ref)
+        # (a whitespace token without annotation is outside any entity, as for spaCy's ner)
+        unknown += sum(token.ent_iob == 0 and not token.is_space for token in ref)
         if split is None:  # spans known to be wrong only: every token unknown
             continue
         labels.update(ent.label_ for ent in split.kept)
@@ -135,7 +136,8 @@ def report_component(
     if tr.unknown:
         msg.info(f"{tr.unknown} of {tr.tokens} tokens of the annotated training docs "
                  f"({100 * tr.unknown / tr.tokens:.1f}%) have no entity annotation: unknown to "
-                 f"the loss (an entity or none), as for spaCy's ner")
+                 f"the loss (an entity or none), as for spaCy's ner (a whitespace token without "
+                 f"it is outside any entity)")
     if key is not None:
         msg.info(f"{tr.incorrect_given} training spans in doc.spans[{key!r}], entities known to "
                  f"be wrong: {tr.incorrect} read, {tr.incorrect_given - tr.incorrect} left out (a "

@@ -46,6 +46,8 @@ def corpora(tmp_path_factory):
     rejected = doc(vocab, ["Paris", "said", "hi"])
     rejected.spans["incorrect_spans"] = [Span(rejected, 0, 1, "PER"), Span(rejected, 0, 1, "FOO")]
     DocBin(docs=[accepted, rejected]).to_disk(folder / "rejected.spacy")
+    unannotated_space = doc(vocab, ["Ann", "\n", "Bob"], ["B-PER", "", ""], spaces=[False] * 3)
+    DocBin(docs=[unannotated_space]).to_disk(folder / "space.spacy")
     return folder
 
 
@@ -101,6 +103,13 @@ def test_reports_the_entities_known_to_be_wrong(corpora, capsys):
     assert "5 of 6 tokens of the annotated training docs (83.3%) have no entity annotation" in out
     assert ("2 training spans in doc.spans['incorrect_spans'], entities known to be wrong: 1 "
             "read, 1 left out") in out
+
+
+def test_an_unannotated_whitespace_token_is_not_unknown_to_the_loss(corpora, capsys):
+    """Training reads it as outside any entity (partial.known_tokens), as spaCy's ner does."""
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys, train="space.spacy")
+    assert status == 0
+    assert "1 of 3 tokens of the annotated training docs (33.3%) have no entity annotation" in out
 
 
 def test_no_entity_to_train_on_fails(corpora, capsys):
