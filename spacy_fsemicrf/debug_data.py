@@ -193,7 +193,11 @@ def load_training(config_path: Path, overrides: Dict[str, Any]):
         config = nlp.config.interpolate()
         T = registry.resolve(config["training"], schema=ConfigSchemaTraining)
     names = [T["train_corpus"], T["dev_corpus"]]
-    readers = resolve_dot_names(config, names)
+    try:
+        readers = resolve_dot_names(config, names)
+    except KeyError as err:  # (spaCy's debug data stops with the bare KeyError)
+        raise ValueError(f"the config has no section [{err.args[0]}] for the corpora "
+                         f"{' and '.join(names)} of [training]") from err
     corpora = []
     for name, reader in zip(names, readers):
         try:

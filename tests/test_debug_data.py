@@ -124,6 +124,16 @@ def test_unreadable_corpus_and_config(corpora, capsys, tmp_path):
         run("fsemicrf_cnn.cfg", corpora, capsys, train="missing.spacy")
     assert err.value.code == 1
     assert "cannot read the corpus corpora.train" in capsys.readouterr().err
+    from spacy import util
+
+    config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
+    del config["corpora"]
+    config.to_disk(tmp_path / "no_corpora.cfg")
+    with pytest.raises(SystemExit) as err:
+        main([str(tmp_path / "no_corpora.cfg")])
+    assert err.value.code == 1
+    assert ("error: the config has no section [corpora] for the corpora corpora.train and "
+            "corpora.dev of [training]") in capsys.readouterr().err
     with pytest.raises(SystemExit) as err:
         main([str(tmp_path / "none.cfg")])
     assert err.value.code == 2
