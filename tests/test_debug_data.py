@@ -48,12 +48,23 @@ def corpora(tmp_path_factory):
     DocBin(docs=[accepted, rejected]).to_disk(folder / "rejected.spacy")
     unannotated_space = doc(vocab, ["Ann", "\n", "Bob"], ["B-PER", "", ""], spaces=[False] * 3)
     DocBin(docs=[unannotated_space]).to_disk(folder / "space.spacy")
+    # at the edges of the checks: 50 PERs, one two tokens wide ending on whitespace, one two
+    # tokens wide starting a sentence; a misaligned entity in the dev data only
+    words = " and ".join(f"P{i}" for i in range(48)).split()
+    DocBin(docs=[
+        doc(vocab, words, ["B-PER" if i % 2 == 0 else "O" for i in range(len(words))]),
+        doc(vocab, ["Bob", "\n"], ["B-PER", "I-PER"], spaces=[False, False]),
+        doc(vocab, ["Hi", ".", "Eve", "Smith", "left"], ["O", "O", "B-PER", "I-PER", "O"],
+            sent_starts=[True, False, True, False, False]),
+    ]).to_disk(folder / "edges.spacy")
+    DocBin(docs=[doc(vocab, ["Mc", "Donald", "sells"], ["B-ORG", "O", "O"],
+                     spaces=[False, True, False])]).to_disk(folder / "edges_dev.spacy")
     return folder
 
 
-def run(config, corpora, capsys, *extra, train="train.spacy"):
+def run(config, corpora, capsys, *extra, train="train.spacy", dev="dev.spacy"):
     argv = [str(CONFIGS / config), "--no-format", "--paths.train", str(corpora / train),
-            "--paths.dev", str(corpora / "dev.spacy"), *extra]
+            "--paths.dev", str(corpora / dev), *extra]
     status = main(argv)
     return status, " ".join(capsys.readouterr().out.split())
 
@@ -189,3 +200,61 @@ def test_entities_known_to_be_wrong_are_read_with_the_labels_the_component_train
     status, out = run(tmp_path / "sourced.cfg", corpora, capsys, train="rejected.spacy")
     assert status == 0
     assert "entities known to be wrong: 2 read, 0 left out" in out
+
+
+def test_the_checks_at_their_edges(corpora, capsys):
+    """An entity as wide as max_width is kept, 50 examples of a label are few (as spacy debug
+    data counts), an entity that ends on whitespace is one, one that starts a sentence crosses
+    none, and a misaligned dev entity is no training entity."""
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys, "--components.fsemicrf_ner.model."
+                      "max_width", "2", train="edges.spacy", dev="edges_dev.spacy")
+    assert status == 0
+    assert "50 entities to train on, 1 label(s)" in out
+    assert "No training entity wider than max_width=2" in out
+    assert "Low number of examples for label 'PER' (50)" in out
+    assert "1 training entities start or end on a whitespace token" in out
+    assert "cross a sentence boundary" not in out
+    assert "1 evaluation entities do not start or end on a token edge" in out
+    assert "All entities start and end on token edges" not in out
+
+
+def test_evaluation_docs_with_entities_known_to_be_wrong_only_are_not_annotated(corpora, capsys):
+    """Evaluation reads doc.ents only: a dev document with rejected entities and no entity
+    annotation is no annotated evaluation doc."""
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys,
+                      "--components.fsemicrf_ner.incorrect_spans_key", "incorrect_spans",
+                      train="rejected.spacy", dev="rejected.spacy")
+    assert "2 training docs, 2 with entity annotation; 2 evaluation docs, 1 with entity " in out
+
+
+def test_a_pipeline_without_the_component_fails(corpora, capsys, tmp_path):
+    from spacy import util
+
+    config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
+    config["nlp"]["pipeline"] = ["tok2vec"]
+    del config["components"]["fsemicrf_ner"]
+    config.to_disk(tmp_path / "tok2vec.cfg")
+    status, out = run(tmp_path / "tok2vec.cfg", corpora, capsys)
+    assert status == 1
+    assert "The config's pipeline has no fsemicrf_ner component (its components: tok2vec)" in out
+
+
+def test_code_registers_the_configs_functions(corpora, capsys, tmp_path):
+    from spacy import util
+
+    code = tmp_path / "functions.py"
+    code.write_text(
+        "import spacy\n\n\n"
+        "@spacy.registry.tokenizers('test_debug_data.plain_tokenizer.v1')\n"
+        "def plain_tokenizer():\n"
+        "    return lambda nlp: spacy.tokenizer.Tokenizer(nlp.vocab)\n"
+    )
+    config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
+    config["nlp"]["tokenizer"] = {"@tokenizers": "test_debug_data.plain_tokenizer.v1"}
+    config.to_disk(tmp_path / "code.cfg")
+    with pytest.raises(SystemExit) as err:
+        run(tmp_path / "code.cfg", corpora, capsys)
+    assert err.value.code == 1
+    assert "'test_debug_data.plain_tokenizer.v1' in function registry" in capsys.readouterr().err
+    status, out = run(tmp_path / "code.cfg", corpora, capsys, "--code", str(code))
+    assert status == 0 and "6 training docs, 5 with entity annotation" in out

@@ -415,6 +415,11 @@ def test_incorrect_entities_are_checked_and_refused_by_the_linear_crf():
         head(X, lengths, gold, known=known, incorrect=torch.tensor([[0, 2, 5, 1]]))
     with pytest.raises(TypeError, match="^incorrect spans must be a tensor"):
         head(X, lengths, gold, known=known, incorrect=[[0, 3, 4, 1]])
+    for arch in ("SemiCRF", "Filtered"):  # (a label past the head's: no IndexError)
+        other, *_ = _batch(arch)
+        with pytest.raises(ValueError, match=f"^incorrect span label {N_LABELS + 1} is not "
+                           f"one of the {N_LABELS} labels$"):
+            other(X, lengths, gold, known=known, incorrect=torch.tensor([[0, 3, 4, N_LABELS + 1]]))
     with torch.no_grad():  # a wrong entity on unknown tokens rules paths out: a higher loss
         plain = float(head(X, lengths, gold, known=known))
         ruled = float(head(X, lengths, gold, known=known, incorrect=torch.tensor([[0, 3, 4, 1]])))
