@@ -427,6 +427,10 @@ def test_incorrect_entities_are_checked_and_refused_by_the_linear_crf():
         # on known tokens the annotation already rules it out
         assert float(head(X, lengths, gold, known=known,
                           incorrect=torch.tensor([[1, 1, 2, 1]]))) == plain
+        for arch in ("SemiCRF", "Filtered"):  # and so on a fully annotated batch
+            other, *_ = _batch(arch)
+            assert torch.equal(other(X, lengths, gold, incorrect=torch.tensor([[0, 3, 4, 1]])),
+                               other(X, lengths, gold))
     crf, X, lengths, gold, known = _batch("LinearCRF")
     with pytest.raises(ValueError, match="^the linear CRF head cannot learn from incorrect "
                        "spans"):
