@@ -2,6 +2,7 @@
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -370,6 +371,52 @@ def test_gold_wider_than_max_width_is_rejected():
     scores = torch.randn((1, 5, 2, 3))
     with pytest.raises(ValueError, match=r"^gold span of width 3 exceeds max_width=2$"):
         semicrf_gold_score(scores, torch.tensor([5]), torch.tensor([[0, 0, 2, 1]]))
+
+
+SEMICRF_FUNCTIONS = {
+    "log_partition": semicrf_log_partition,
+    "viterbi": semicrf_viterbi,
+    "marginals": semicrf_marginals,
+    "gold_score": lambda s, n, t: semicrf_gold_score(s, n, torch.tensor([[0, 0, 1, 1]]), t),
+}
+
+
+@pytest.mark.parametrize("name", SEMICRF_FUNCTIONS)
+@pytest.mark.parametrize("lengths, message", [
+    ([3], r"^lengths must be \[B\], one per document of the scores \(2\), got \(1,\)$"),
+    ([5, 3], r"^lengths must lie between 0 and the 3 token rows of the scores, got 5$"),
+    ([3, -1], r"^lengths must lie between 0 and the 3 token rows of the scores, got -1$"),
+    ([3.0, 2.0], r"^lengths must be an integer tensor, got torch.float32$"),
+], ids=["fewer-than-documents", "past-the-rows", "negative", "float"])
+def test_lengths_that_do_not_fit_the_scores_are_a_clear_error(name, lengths, message):
+    """One length for two documents gave log Z of one document, a length past the rows an
+    index error that did not name the lengths."""
+    scores = torch.randn((2, 3, 2, 2), dtype=DTYPE)
+    for t in (None, torch.zeros((3, 3), dtype=DTYPE)):
+        with pytest.raises(ValueError, match=message):
+            SEMICRF_FUNCTIONS[name](scores, torch.tensor(lengths), t)
+
+
+@pytest.mark.parametrize("name", SEMICRF_FUNCTIONS)
+@pytest.mark.parametrize("shape", [(4, 4), (2, 2), (3, 2), (3,)])
+def test_transitions_of_another_shape_are_a_clear_error(name, shape):
+    """Transitions for another number of labels failed deep inside the scan (a size mismatch
+    or an index out of bounds)."""
+    scores = torch.randn((2, 3, 2, 2), dtype=DTYPE)
+    message = (r"^transitions must be \[3, 3\] for the 2 labels of the scores \(the last row "
+               rf"from START, the last column to END\), got {re.escape(str(shape))}$")
+    with pytest.raises(ValueError, match=message):
+        SEMICRF_FUNCTIONS[name](scores, torch.tensor([3, 2]), torch.zeros(shape, dtype=DTYPE))
+
+
+@pytest.mark.parametrize("name", SEMICRF_FUNCTIONS)
+@pytest.mark.parametrize("shape", [(2, 3, 2), (2, 3, 0, 2), (2, 3, 2, 0)])
+def test_scores_of_another_shape_are_a_clear_error(name, shape):
+    """Scores without widths or labels failed on an empty stack or an index out of bounds."""
+    message = (r"^scores must be a tensor \[B, L, K, C\], K >= 1 widths and C >= 1 labels "
+               rf"\(null included\), got Tensor {re.escape(str(shape))}$")
+    with pytest.raises(ValueError, match=message):
+        SEMICRF_FUNCTIONS[name](torch.randn(shape, dtype=DTYPE), torch.tensor([3, 2]), None)
 
 
 def test_long_document_float32_is_stable():

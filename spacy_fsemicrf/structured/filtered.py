@@ -40,6 +40,7 @@ from .semiring import lse, logaddexp, masked_fill_neg, neg_value, wide
 from .spans import (
     check_lengths,
     check_sentence_starts,
+    check_transitions,
     crossing_spans,
     overlap_mask,
     span_ends,
@@ -574,12 +575,7 @@ def check_node_labels(labels: torch.Tensor, transitions: torch.Tensor) -> torch.
     ``transitions``: a ``ValueError`` unless these are ``[C + 1, C + 1]`` and each label an
     integer in ``0..C - 1``. Label ``C`` read the START row and END column, and a negative one
     wrapped around to them: a wrong path score, not an error."""
-    if transitions.dim() != 2 or transitions.shape[0] != transitions.shape[1] or (
-            transitions.shape[0] < 2):
-        raise ValueError(
-            f"transitions must be [C + 1, C + 1] for C labels, null included (the last row "
-            f"from START, the last column to END), got {tuple(transitions.shape)}"
-        )
+    check_transitions(transitions)
     if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"node labels must be an integer tensor, got {labels.dtype}")
     C = transitions.shape[0] - 1

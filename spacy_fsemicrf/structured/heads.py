@@ -58,9 +58,10 @@ from .null_tokens import add_null_tokens, null_token_scores
 from .prediction import DecodeOptions, Prediction, path_probability
 from .semicrf import (
     semicrf_gold_score,
+    semicrf_gold_score_unchecked,
     semicrf_log_partition,
-    semicrf_marginals_and_log_z,
-    semicrf_viterbi,
+    semicrf_marginals_and_log_z_unchecked,
+    semicrf_viterbi_unchecked,
 )
 from .semiring import masked_fill_neg, wide
 from .spans import (
@@ -759,7 +760,7 @@ class SemiCRFHead(nn.Module):
         check_scores(scores)
         scores = _within_sentences(scores, sentence_starts)
         T = None if self.transitions is None else wide(self.transitions.detach())
-        spans, best = semicrf_viterbi(scores, lengths, T)
+        spans, best = semicrf_viterbi_unchecked(scores, lengths, T)
         reports = None
         if options.constrained():
             found = semicrf_constrained(scores, lengths, T, options.constraints, (spans, best))
@@ -769,13 +770,13 @@ class SemiCRFHead(nn.Module):
         # float64: in float32 the scan's running sums over a long document (thousands in log
         # space) lose whole units, and the marginals and the path probability with them
         scores64, T64 = scores.double(), None if T is None else T.double()
-        marginals, log_z = semicrf_marginals_and_log_z(scores64, lengths, T64)
+        marginals, log_z = semicrf_marginals_and_log_z_unchecked(scores64, lengths, T64)
         marginals = marginals.to(scores.dtype)
         doc, start, end, label = spans.unbind(1)
         conf = marginals[doc, start, end - start, label].clamp(0.0, 1.0)
         path = None
         if options.path:  # the returned path's score, summed in float64 too
-            score = semicrf_gold_score(scores64, lengths, spans, T64, check_rows=False)
+            score = semicrf_gold_score_unchecked(scores64, lengths, spans, T64)
             path = path_probability(score, log_z, reports)
         candidates = span_candidates(marginals, spans) if options.candidates else None
         return Prediction(spans, conf, path, candidates, reports)

@@ -18,7 +18,13 @@ from typing import List, Optional, Tuple
 import torch
 
 from .semiring import lse, masked_fill_neg, neg_value
-from .spans import check_gold_spans, token_coverage, token_mask
+from .spans import (
+    check_gold_spans,
+    check_lengths,
+    check_transitions,
+    token_coverage,
+    token_mask,
+)
 
 __all__ = [
     "semicrf_log_partition",
@@ -44,6 +50,28 @@ def segment_mask(
     width_ok = torch.ones((max_width, n_classes), dtype=torch.bool, device=device)
     width_ok[1:, 0] = False
     return inside.unsqueeze(-1) & width_ok  # [B, L, K, C]
+
+
+def check_segment_scores(
+    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor]
+) -> None:
+    """A ``ValueError`` unless ``scores`` are ``[B, L, K, C]`` (``K, C >= 1``), ``lengths``
+    ``[B]`` integers between 0 and ``L`` (:func:`~.spans.check_lengths`) and ``transitions``
+    None or ``[C + 1, C + 1]`` (:func:`~.spans.check_transitions`): a length past the rows
+    failed on an index out of bounds, fewer lengths than documents gave log Z of fewer
+    documents, and other transitions failed on a size mismatch, none of them naming the
+    argument."""
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 4 or (
+            min(scores.shape[2:]) < 1):
+        raise ValueError(
+            f"scores must be a tensor [B, L, K, C], K >= 1 widths and C >= 1 labels (null "
+            f"included), got {type(scores).__name__} "
+            f"{tuple(getattr(scores, 'shape', ()))}"
+        )
+    B, L, K, C = scores.shape
+    check_lengths(lengths, (B, L), "the scores")
+    if transitions is not None:
+        check_transitions(transitions, C, "labels", "the scores")
 
 
 def _masked_scores(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -102,8 +130,17 @@ def semicrf_log_partition(
     A segment scored -inf is in no segmentation with any probability (it counts as NEG); where
     every segmentation is -inf, log Z is not -inf but at or below ``NEG / 2`` (finite, so that
     its gradient is no NaN). ``transitions`` is ``[C + 1, C + 1]`` or None. Empty documents get
-    exactly 0.
+    exactly 0. A ``ValueError`` for inputs of other shapes (:func:`check_segment_scores`).
     """
+    check_segment_scores(scores, lengths, transitions)
+    return semicrf_log_partition_unchecked(scores, lengths, transitions)
+
+
+def semicrf_log_partition_unchecked(
+    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """:func:`semicrf_log_partition` without the check of its inputs (the heads check
+    theirs)."""
     B, L, K, C = scores.shape
     if L == 0:
         return _zeros_connected(scores, transitions)
@@ -149,16 +186,28 @@ def semicrf_gold_score(
     the segmentation is these entities plus a width-1 null segment on every other token.
     Raises ``ValueError`` for gold spans that are not such a segmentation, or wider than ``K``
     (they have no score), unless ``check_rows`` is False: a path the head decoded needs no
-    check.
+    check; and for inputs of other shapes (:func:`check_segment_scores`).
     """
+    check_segment_scores(scores, lengths, transitions)
+    if check_rows:
+        B, L, K, C = scores.shape
+        check_gold_spans(gold, lengths.to(scores.device).long(), L, K, C - 1)
+    return semicrf_gold_score_unchecked(scores, lengths, gold, transitions)
+
+
+def semicrf_gold_score_unchecked(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    gold: torch.Tensor,
+    transitions: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """:func:`semicrf_gold_score` without the checks of its inputs and of the ``gold`` rows
+    (the heads check their inputs, and a path they decoded needs no check)."""
     B, L, K, C = scores.shape
     device = scores.device
     lengths = lengths.to(device).long()
     S = _masked_scores(scores, lengths)
-    if check_rows:
-        doc, start, end, label = check_gold_spans(gold, lengths, L, K, C - 1)
-    else:
-        doc, start, end, label = gold.to(device).long().view(-1, 4).unbind(1)
+    doc, start, end, label = gold.to(device).long().view(-1, 4).unbind(1)
     width = end - start
     if L == 0:
         return _zeros_connected(scores, transitions)
@@ -192,15 +241,18 @@ def semicrf_viterbi(
     Returns ``(spans LongTensor[N, 4], best Tensor[B])``: the entity segments (null ones left
     out) as rows ``(doc, start, end_inclusive, label)`` sorted by ``(doc, start)``, and each
     document's best score (0 for empty documents). A document whose every segmentation scores
-    ``-inf`` has no best one: no rows, and a best score of ``-inf``.
+    ``-inf`` has no best one: no rows, and a best score of ``-inf``. A ``ValueError`` for
+    inputs of other shapes (:func:`check_segment_scores`).
     """
-    with torch.no_grad():
-        return _viterbi(scores, lengths, transitions)
+    check_segment_scores(scores, lengths, transitions)
+    return semicrf_viterbi_unchecked(scores, lengths, transitions)
 
 
-def _viterbi(
-    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor]
+@torch.no_grad()
+def semicrf_viterbi_unchecked(
+    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`semicrf_viterbi` without the check of its inputs (the heads check theirs)."""
     B, L, K, C = scores.shape
     device = scores.device
     lengths = lengths.to(device).long()
@@ -285,13 +337,23 @@ def semicrf_marginals_and_log_z(
     scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(marginals [B, L, K, C], log Z [B])`` from one forward scan and its gradient (what
-    :func:`semicrf_marginals` returns, with the log Z it throws away)."""
+    :func:`semicrf_marginals` returns, with the log Z it throws away). A ``ValueError`` for
+    inputs of other shapes (:func:`check_segment_scores`)."""
+    check_segment_scores(scores, lengths, transitions)
+    return semicrf_marginals_and_log_z_unchecked(scores, lengths, transitions)
+
+
+def semicrf_marginals_and_log_z_unchecked(
+    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`semicrf_marginals_and_log_z` without the check of its inputs (the heads check
+    theirs)."""
     # autograd cannot record inside inference mode, nor on tensors made there: leave the
     # mode for the scan, on copies of such tensors (clone leaves the values as they are)
     with torch.inference_mode(False), torch.enable_grad():
         leaf = _normal_tensor(scores).requires_grad_(True)
         T = None if transitions is None else _normal_tensor(transitions)
-        log_z = semicrf_log_partition(leaf, _normal_tensor(lengths), T)
+        log_z = semicrf_log_partition_unchecked(leaf, _normal_tensor(lengths), T)
         (grad,) = torch.autograd.grad(log_z.sum(), leaf)
     # every segmentation -inf: log Z at NEG or below, and a gradient that is no distribution
     some = (log_z.detach() > neg_value(log_z.dtype) / 2).view(-1, 1, 1, 1)

@@ -102,6 +102,29 @@ def check_lengths(
             )
 
 
+def check_transitions(
+    transitions: torch.Tensor, n_states: Optional[int] = None, states: str = "labels",
+    what: str = "the scores",
+) -> None:
+    """A ``ValueError`` unless ``transitions`` is a tensor ``[n + 1, n + 1]``, ``n >= 1`` (the
+    last row from START, the last column to END), with ``n`` the ``n_states`` ``states`` of
+    ``what`` if given: another shape read the START row and END column of other states, or
+    failed deep inside a dynamic program with an error that did not name the argument."""
+    shape = tuple(getattr(transitions, "shape", ()))
+    if (isinstance(transitions, torch.Tensor) and len(shape) == 2 and shape[0] == shape[1]
+            and shape[0] >= 2 and (n_states is None or shape[0] == n_states + 1)):
+        return
+    got = shape if isinstance(transitions, torch.Tensor) else type(transitions).__name__
+    if n_states is None:
+        want = "[C + 1, C + 1] for C labels, null included"
+    else:
+        want = f"[{n_states + 1}, {n_states + 1}] for the {n_states} {states} of {what}"
+    raise ValueError(
+        f"transitions must be {want} (the last row from START, the last column to END), "
+        f"got {got}"
+    )
+
+
 def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tensor:
     """``BoolTensor[B, L, K]``: which grid entries are candidate spans of their document, for
     documents of ``lengths [B]`` (an integer tensor, :func:`check_lengths`) padded to
