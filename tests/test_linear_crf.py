@@ -2,6 +2,7 @@
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -480,6 +481,77 @@ def test_transitions_take_the_emissions_dtype():
     for name, (mixed, single) in outputs.items():
         assert mixed.dtype == torch.float32, name
         assert torch.allclose(mixed, single, atol=1e-5), name
+
+
+CRF_SCHEME = tag_scheme(1, "BIO")  # 3 tags
+CRF_FUNCTIONS = {
+    "log_partition": crf_log_partition,
+    "viterbi": crf_viterbi,
+    "marginals": crf_marginals,
+    "best_sequence_prob": crf_best_sequence_prob,
+    "score": lambda e, t, n, a: crf_score(e, t, torch.zeros((2, 3), dtype=torch.long), n, a),
+    "span_marginals": lambda e, t, n, a: crf_span_marginals(
+        e, t, n, torch.tensor([[0, 0, 0, 1]]), CRF_SCHEME, a),
+    "span_marginals_unchecked_rows": lambda e, t, n, a: crf_span_marginals(
+        e, t, n, torch.tensor([[0, 0, 0, 1]]), CRF_SCHEME, a, check_rows=False),
+}
+
+
+@pytest.mark.parametrize("name", CRF_FUNCTIONS)
+@pytest.mark.parametrize("lengths, message", [
+    ([3], r"^lengths must be \[B\], one per document of the emissions \(2\), got \(1,\)$"),
+    ([5, 3], r"^lengths must lie between 0 and the 3 token rows of the emissions, got 5$"),
+    ([3, -1], r"^lengths must lie between 0 and the 3 token rows of the emissions, got -1$"),
+    ([3.0, 2.0], r"^lengths must be an integer tensor, got torch.float32$"),
+], ids=["fewer-than-documents", "past-the-rows", "negative", "float"])
+def test_lengths_that_do_not_fit_the_emissions_are_a_clear_error(name, lengths, message):
+    """A length past the rows was decoded as if the document ended at the last row, without
+    an error; one length for two documents was broadcast to both."""
+    em = torch.randn((2, 3, CRF_SCHEME.n_tags), dtype=DTYPE)
+    T = torch.zeros((4, 4), dtype=DTYPE)
+    for allowed in (None, CRF_SCHEME.allowed):
+        with pytest.raises(ValueError, match=message):
+            CRF_FUNCTIONS[name](em, T, torch.tensor(lengths), allowed)
+
+
+@pytest.mark.parametrize("name", CRF_FUNCTIONS)
+@pytest.mark.parametrize("shape", [(3, 3), (5, 5), (4, 3), (4,)])
+def test_transitions_of_another_shape_are_a_clear_error(name, shape):
+    """Transitions for another number of tags failed on an index out of bounds."""
+    em = torch.randn((2, 3, CRF_SCHEME.n_tags), dtype=DTYPE)
+    message = (r"^transitions must be \[4, 4\] for the 3 tags of the emissions \(the last row "
+               rf"from START, the last column to END\), got {re.escape(str(shape))}$")
+    with pytest.raises(ValueError, match=message):
+        CRF_FUNCTIONS[name](em, torch.zeros(shape, dtype=DTYPE), torch.tensor([3, 2]), None)
+
+
+@pytest.mark.parametrize("name", CRF_FUNCTIONS)
+def test_emissions_and_allowed_of_another_shape_are_a_clear_error(name):
+    """Allowed transitions of another shape failed on a size mismatch, emissions without
+    tags on an index out of bounds."""
+    em = torch.randn((2, 3, CRF_SCHEME.n_tags), dtype=DTYPE)
+    T, lengths = torch.zeros((4, 4), dtype=DTYPE), torch.tensor([3, 2])
+    with pytest.raises(ValueError, match=r"^allowed must be a BoolTensor of the transitions' "
+                                         r"shape \(4, 4\), got Tensor torch.bool \(3, 3\)$"):
+        CRF_FUNCTIONS[name](em, T, lengths, torch.ones((3, 3), dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^allowed must be a BoolTensor of the transitions' "
+                                         r"shape \(4, 4\), got Tensor torch.int64 \(4, 4\)$"):
+        CRF_FUNCTIONS[name](em, T, lengths, torch.ones((4, 4), dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^emissions must be a tensor \[B, L, n_tags\], "
+                                         r"n_tags >= 1, got Tensor \(2, 3, 0\)$"):
+        CRF_FUNCTIONS[name](em[:, :, :0], torch.zeros((1, 1)), lengths, None)
+
+
+def test_tags_and_scheme_of_another_shape_are_a_clear_error():
+    """Tags of another shape failed on a size mismatch; a scheme of another number of tags
+    read other tags' marginals."""
+    em = torch.randn((2, 3, CRF_SCHEME.n_tags), dtype=DTYPE)
+    T, lengths = torch.zeros((4, 4), dtype=DTYPE), torch.tensor([3, 2])
+    with pytest.raises(ValueError, match=r"^tags must be a tensor \[B, L\], one tag per token "
+                                         r"of the emissions \(2, 3, 3\), got Tensor \(2, 2\)$"):
+        crf_score(em, T, torch.zeros((2, 2), dtype=torch.long), lengths)
+    with pytest.raises(ValueError, match="^scheme has 5 tags, the emissions 3$"):
+        crf_span_marginals(em, T, lengths, torch.tensor([[0, 0, 0, 1]]), tag_scheme(2, "BIO"))
 
 
 @pytest.mark.parametrize("scheme", ["BIO", "BILUO"])

@@ -44,9 +44,11 @@ from .context import TokenContext, WordPool
 from .linear_crf import (
     consistent_emissions,
     crf_log_partition,
+    crf_log_partition_unchecked,
     crf_score,
-    crf_span_marginals,
-    crf_viterbi,
+    crf_score_unchecked,
+    crf_span_marginals_unchecked,
+    crf_viterbi_unchecked,
     sentence_emissions,
     spans_to_tags,
     tag_scheme,
@@ -946,7 +948,7 @@ class LinearCRFHead(nn.Module):
         emissions = sentence_emissions(emissions, sentence_starts, self.scheme)
         T = wide(self.transitions.detach())
         allowed = self.allowed.to(emissions.device)
-        tags, best = crf_viterbi(emissions, T, lengths, allowed)
+        tags, best = crf_viterbi_unchecked(emissions, T, lengths, allowed)
         reports = None
         if options.constrained():
             found = crf_constrained(emissions, T, lengths, self.scheme, options.constraints,
@@ -956,13 +958,14 @@ class LinearCRFHead(nn.Module):
             spans = tags_to_spans(tags, lengths, self.scheme)
         if spans.shape[0] == 0 and not (options.path or options.candidates):
             return Prediction(*_empty_decoded(emissions.device), reports=reports)
-        conf = crf_span_marginals(emissions, T, lengths, spans, self.scheme, allowed,
-                                  check_rows=False).clamp(0, 1)
+        conf = crf_span_marginals_unchecked(emissions, T, lengths, spans, self.scheme,
+                                            allowed).clamp(0, 1)
         path = None
         if options.path:  # in float64, as the span marginals: see SemiCRFHead.decode
             em64, T64 = emissions.double(), T.double()
-            best = crf_score(em64, T64, tags, lengths, allowed)
-            path = path_probability(best, crf_log_partition(em64, T64, lengths, allowed), reports)
+            best = crf_score_unchecked(em64, T64, tags, lengths, allowed)
+            log_z = crf_log_partition_unchecked(em64, T64, lengths, allowed)
+            path = path_probability(best, log_z, reports)
         candidates = None
         if options.candidates:
             candidates = crf_candidates(

@@ -25,8 +25,10 @@ from .semiring import NEG, logsumexp, lse, masked_fill_neg, neg_value
 from .spans import (
     check_gold_spans,
     check_integer,
+    check_lengths,
     check_sentence_starts,
     check_span_rows,
+    check_transitions,
     token_coverage,
     token_mask,
 )
@@ -206,6 +208,36 @@ def tags_to_spans(tags: torch.Tensor, lengths: torch.Tensor, scheme: TagScheme) 
     return torch.stack([doc, start, end, labels[doc, start]], 1)
 
 
+def check_emissions(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> None:
+    """A ``ValueError`` unless ``emissions`` are ``[B, L, n_tags]`` (``n_tags >= 1``),
+    ``lengths`` ``[B]`` integers between 0 and ``L`` (:func:`~.spans.check_lengths`),
+    ``transitions`` ``[n_tags + 1, n_tags + 1]`` (:func:`~.spans.check_transitions`) and
+    ``allowed`` None or a ``BoolTensor`` of their shape: a length past the rows was decoded as
+    if the document ended at ``L``, and other transitions failed on an index out of bounds."""
+    if not isinstance(emissions, torch.Tensor) or emissions.dim() != 3 or (
+            emissions.shape[2] < 1):
+        raise ValueError(
+            f"emissions must be a tensor [B, L, n_tags], n_tags >= 1, got "
+            f"{type(emissions).__name__} {tuple(getattr(emissions, 'shape', ()))}"
+        )
+    B, L, n = emissions.shape
+    check_lengths(lengths, (B, L), "the emissions")
+    check_transitions(transitions, n, "tags", "the emissions")
+    if allowed is not None and (
+            not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool
+            or allowed.shape != transitions.shape):
+        raise ValueError(
+            f"allowed must be a BoolTensor of the transitions' shape {tuple(transitions.shape)}, "
+            f"got {type(allowed).__name__} {getattr(allowed, 'dtype', '')} "
+            f"{tuple(getattr(allowed, 'shape', ()))}"
+        )
+
+
 def _prepared(
     emissions: torch.Tensor, transitions: torch.Tensor, allowed: Optional[torch.Tensor]
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -267,7 +299,19 @@ def crf_log_partition(
     ``emissions`` is ``[B, L, n_tags]``, ``transitions`` ``[n_tags + 1, n_tags + 1]``;
     transitions where ``allowed`` is False are masked with NEG. Where every valid sequence
     scores -inf, log Z is not -inf but at or below ``NEG / 2`` (finite: a gradient without NaN).
+    A ``ValueError`` for inputs of other shapes (:func:`check_emissions`).
     """
+    check_emissions(emissions, transitions, lengths, allowed)
+    return crf_log_partition_unchecked(emissions, transitions, lengths, allowed)
+
+
+def crf_log_partition_unchecked(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """:func:`crf_log_partition` without the check of its inputs (the heads check theirs)."""
     lengths = lengths.to(emissions.device).long()
     return _forward(*_prepared(emissions, transitions, allowed), lengths)[1]
 
@@ -279,7 +323,26 @@ def crf_score(
     lengths: torch.Tensor,
     allowed: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Score of the tag sequences ``tags [B, L]`` (padding ignored), ``Tensor[B]``."""
+    """Score of the tag sequences ``tags [B, L]`` (padding ignored), ``Tensor[B]``. A
+    ``ValueError`` for inputs of other shapes (:func:`check_emissions`, and ``tags``)."""
+    check_emissions(emissions, transitions, lengths, allowed)
+    if not isinstance(tags, torch.Tensor) or tags.shape != emissions.shape[:2]:
+        raise ValueError(
+            f"tags must be a tensor [B, L], one tag per token of the emissions "
+            f"{tuple(emissions.shape)}, got {type(tags).__name__} "
+            f"{tuple(getattr(tags, 'shape', ()))}"
+        )
+    return crf_score_unchecked(emissions, transitions, tags, lengths, allowed)
+
+
+def crf_score_unchecked(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    tags: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """:func:`crf_score` without the check of its inputs (the heads check theirs)."""
     B, L, n = emissions.shape
     device = emissions.device
     lengths = lengths.to(device).long()
@@ -305,7 +368,19 @@ def crf_viterbi(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Best tag sequence per document: ``(tags LongTensor[B, L] padded with 0, best [B])``. A
     document whose every valid sequence scores ``-inf`` has no best one: tags 0 (``O``, no
-    entity) and a best score of ``-inf``."""
+    entity) and a best score of ``-inf``. A ``ValueError`` for inputs of other shapes
+    (:func:`check_emissions`)."""
+    check_emissions(emissions, transitions, lengths, allowed)
+    return crf_viterbi_unchecked(emissions, transitions, lengths, allowed)
+
+
+def crf_viterbi_unchecked(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`crf_viterbi` without the check of its inputs (the heads check theirs)."""
     with torch.no_grad():
         B, L, n = emissions.shape
         device = emissions.device
@@ -349,8 +424,20 @@ def crf_marginals(
 
     Forward-backward: ``exp(alpha[t, y] + beta[t, y] - log Z)`` (equal to the gradient of
     ``log Z`` with respect to the emissions), in float64 whatever the emissions' precision (the
-    result takes theirs). Not differentiated; safe under ``no_grad``.
+    result takes theirs). Not differentiated; safe under ``no_grad``. A ``ValueError`` for
+    inputs of other shapes (:func:`check_emissions`).
     """
+    check_emissions(emissions, transitions, lengths, allowed)
+    return crf_marginals_unchecked(emissions, transitions, lengths, allowed)
+
+
+def crf_marginals_unchecked(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """:func:`crf_marginals` without the check of its inputs (the heads check theirs)."""
     with torch.no_grad():
         B, L, n = emissions.shape
         lengths = lengths.to(emissions.device).long()
@@ -371,10 +458,12 @@ def crf_best_sequence_prob(
     lengths: torch.Tensor,
     allowed: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Probability of each document's Viterbi sequence, ``exp(best - log Z)``, ``Tensor[B]``."""
+    """Probability of each document's Viterbi sequence, ``exp(best - log Z)``, ``Tensor[B]``. A
+    ``ValueError`` for inputs of other shapes (:func:`check_emissions`)."""
+    check_emissions(emissions, transitions, lengths, allowed)
     with torch.no_grad():
-        _, best = crf_viterbi(emissions, transitions, lengths, allowed)
-        log_z = crf_log_partition(emissions, transitions, lengths, allowed)
+        _, best = crf_viterbi_unchecked(emissions, transitions, lengths, allowed)
+        log_z = crf_log_partition_unchecked(emissions, transitions, lengths, allowed)
         return (best - log_z).exp().clamp_max(1.0)
 
 
@@ -395,15 +484,34 @@ def crf_span_marginals(
     ``alpha[start] + (the span's own tags) + beta[end]``, with the run of ``I-l`` tags read
     from a prefix sum, so the cost is ``O(N * n_tags)`` after one forward-backward pass.
     A ``ValueError`` for a span outside its document or a label outside ``1..M``, unless
-    ``check_rows`` is False: the heads' own decoded rows need no check (about 50 us a call).
+    ``check_rows`` is False: decoded rows need no check (about 50 us a call); and for inputs of
+    other shapes (:func:`check_emissions`, and a ``scheme`` of another number of tags).
     """
+    check_emissions(emissions, transitions, lengths, allowed)
+    if scheme.n_tags != emissions.shape[2]:
+        raise ValueError(
+            f"scheme has {scheme.n_tags} tags, the emissions {emissions.shape[2]}"
+        )
+    if check_rows:
+        device_lengths = lengths.to(emissions.device).long()
+        check_span_rows(spans, device_lengths, emissions.shape[1], None, scheme.n_labels, "span")
+    return crf_span_marginals_unchecked(emissions, transitions, lengths, spans, scheme, allowed)
+
+
+def crf_span_marginals_unchecked(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    lengths: torch.Tensor,
+    spans: torch.Tensor,
+    scheme: TagScheme,
+    allowed: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """:func:`crf_span_marginals` without the checks of its inputs and of the ``spans`` rows
+    (the heads check their inputs, and rows they decoded need no check)."""
     device = emissions.device
     B, L, n = emissions.shape
     lengths = lengths.to(device).long()
-    if check_rows:
-        doc, s, e, lab = check_span_rows(spans, lengths, L, None, scheme.n_labels, "span")
-    else:
-        doc, s, e, lab = spans.to(device).long().view(-1, 4).unbind(1)
+    doc, s, e, lab = spans.to(device).long().view(-1, 4).unbind(1)
     if doc.shape[0] == 0:
         return emissions.new_zeros(0)
     with torch.no_grad():
