@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import filtered
-from .linear_crf import TagScheme, crf_marginals_unchecked, crf_span_marginals_unchecked
+from .linear_crf import TagScheme, crf_marginals, crf_span_marginals
 from .semiring import wide
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
@@ -85,7 +85,7 @@ def crf_candidates(
     B, L, _ = emissions.shape
     M = scheme.n_labels
     labels = torch.arange(1, M + 1, device=emissions.device)
-    probs = crf_marginals_unchecked(emissions, transitions, lengths, allowed)  # [B, L, n_tags]
+    probs = crf_marginals(emissions, transitions, lengths, allowed, check=False)  # [B, L, n_tags]
     first = probs[:, :, scheme.tag("B", labels)]
     rest = probs[:, :, scheme.tag("I", labels)]
     if scheme.scheme == "BILUO":
@@ -106,8 +106,8 @@ def crf_candidates(
     spans, conf = decoded
     key = lambda r: ((r[:, 0] * L + r[:, 1]) * L + r[:, 2]) * (M + 1) + r[:, 3]  # noqa: E731
     rows = rows[~torch.isin(key(rows), key(spans))]
-    marginals = crf_span_marginals_unchecked(emissions, transitions, lengths, rows, scheme,
-                                             allowed)
+    marginals = crf_span_marginals(emissions, transitions, lengths, rows, scheme, allowed,
+                                   check_rows=False, check=False)
     above = marginals > CANDIDATE_FLOOR
     rows = torch.cat([spans.view(-1, 4), rows[above]])
     values = torch.cat([conf.reshape(-1), marginals[above].to(conf.dtype)])

@@ -44,11 +44,9 @@ from .context import TokenContext, WordPool
 from .linear_crf import (
     consistent_emissions,
     crf_log_partition,
-    crf_log_partition_unchecked,
     crf_score,
-    crf_score_unchecked,
-    crf_span_marginals_unchecked,
-    crf_viterbi_unchecked,
+    crf_span_marginals,
+    crf_viterbi,
     sentence_emissions,
     spans_to_tags,
     tag_scheme,
@@ -60,10 +58,9 @@ from .null_tokens import add_null_tokens, null_token_scores
 from .prediction import DecodeOptions, Prediction, path_probability
 from .semicrf import (
     semicrf_gold_score,
-    semicrf_gold_score_unchecked,
     semicrf_log_partition,
-    semicrf_marginals_and_log_z_unchecked,
-    semicrf_viterbi_unchecked,
+    semicrf_marginals_and_log_z,
+    semicrf_viterbi,
 )
 from .semiring import masked_fill_neg, wide
 from .spans import (
@@ -762,7 +759,7 @@ class SemiCRFHead(nn.Module):
         check_scores(scores)
         scores = _within_sentences(scores, sentence_starts)
         T = None if self.transitions is None else wide(self.transitions.detach())
-        spans, best = semicrf_viterbi_unchecked(scores, lengths, T)
+        spans, best = semicrf_viterbi(scores, lengths, T, check=False)
         reports = None
         if options.constrained():
             found = semicrf_constrained(scores, lengths, T, options.constraints, (spans, best))
@@ -772,13 +769,13 @@ class SemiCRFHead(nn.Module):
         # float64: in float32 the scan's running sums over a long document (thousands in log
         # space) lose whole units, and the marginals and the path probability with them
         scores64, T64 = scores.double(), None if T is None else T.double()
-        marginals, log_z = semicrf_marginals_and_log_z_unchecked(scores64, lengths, T64)
+        marginals, log_z = semicrf_marginals_and_log_z(scores64, lengths, T64, check=False)
         marginals = marginals.to(scores.dtype)
         doc, start, end, label = spans.unbind(1)
         conf = marginals[doc, start, end - start, label].clamp(0.0, 1.0)
         path = None
         if options.path:  # the returned path's score, summed in float64 too
-            score = semicrf_gold_score_unchecked(scores64, lengths, spans, T64)
+            score = semicrf_gold_score(scores64, lengths, spans, T64, check_rows=False, check=False)
             path = path_probability(score, log_z, reports)
         candidates = span_candidates(marginals, spans) if options.candidates else None
         return Prediction(spans, conf, path, candidates, reports)
@@ -948,7 +945,7 @@ class LinearCRFHead(nn.Module):
         emissions = sentence_emissions(emissions, sentence_starts, self.scheme)
         T = wide(self.transitions.detach())
         allowed = self.allowed.to(emissions.device)
-        tags, best = crf_viterbi_unchecked(emissions, T, lengths, allowed)
+        tags, best = crf_viterbi(emissions, T, lengths, allowed, check=False)
         reports = None
         if options.constrained():
             found = crf_constrained(emissions, T, lengths, self.scheme, options.constraints,
@@ -958,13 +955,13 @@ class LinearCRFHead(nn.Module):
             spans = tags_to_spans(tags, lengths, self.scheme)
         if spans.shape[0] == 0 and not (options.path or options.candidates):
             return Prediction(*_empty_decoded(emissions.device), reports=reports)
-        conf = crf_span_marginals_unchecked(emissions, T, lengths, spans, self.scheme,
-                                            allowed).clamp(0, 1)
+        conf = crf_span_marginals(emissions, T, lengths, spans, self.scheme, allowed,
+                                  check_rows=False, check=False).clamp(0, 1)
         path = None
         if options.path:  # in float64, as the span marginals: see SemiCRFHead.decode
             em64, T64 = emissions.double(), T.double()
-            best = crf_score_unchecked(em64, T64, tags, lengths, allowed)
-            log_z = crf_log_partition_unchecked(em64, T64, lengths, allowed)
+            best = crf_score(em64, T64, tags, lengths, allowed, check=False)
+            log_z = crf_log_partition(em64, T64, lengths, allowed, check=False)
             path = path_probability(best, log_z, reports)
         candidates = None
         if options.candidates:

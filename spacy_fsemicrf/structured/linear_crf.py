@@ -293,27 +293,37 @@ def crf_log_partition(
     transitions: torch.Tensor,
     lengths: torch.Tensor,
     allowed: Optional[torch.Tensor] = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """``log Z`` per document, ``Tensor[B]`` (0 for empty documents).
 
     ``emissions`` is ``[B, L, n_tags]``, ``transitions`` ``[n_tags + 1, n_tags + 1]``;
     transitions where ``allowed`` is False are masked with NEG. Where every valid sequence
     scores -inf, log Z is not -inf but at or below ``NEG / 2`` (finite: a gradient without NaN).
-    A ``ValueError`` for inputs of other shapes (:func:`check_emissions`).
+    A ``ValueError`` for inputs of other shapes (:func:`check_emissions`), unless ``check`` is
+    False (the heads check theirs).
     """
-    check_emissions(emissions, transitions, lengths, allowed)
-    return crf_log_partition_unchecked(emissions, transitions, lengths, allowed)
-
-
-def crf_log_partition_unchecked(
-    emissions: torch.Tensor,
-    transitions: torch.Tensor,
-    lengths: torch.Tensor,
-    allowed: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """:func:`crf_log_partition` without the check of its inputs (the heads check theirs)."""
+    if check:
+        check_emissions(emissions, transitions, lengths, allowed)
     lengths = lengths.to(emissions.device).long()
     return _forward(*_prepared(emissions, transitions, allowed), lengths)[1]
+
+
+def _check_tags(
+    emissions: torch.Tensor,
+    transitions: torch.Tensor,
+    tags: torch.Tensor,
+    lengths: torch.Tensor,
+    allowed: Optional[torch.Tensor],
+) -> None:
+    """:func:`check_emissions`, and ``tags`` one per token of the emissions."""
+    check_emissions(emissions, transitions, lengths, allowed)
+    if not isinstance(tags, torch.Tensor) or tags.shape != emissions.shape[:2]:
+        raise ValueError(
+            f"tags must be a tensor [B, L], one tag per token of the emissions "
+            f"{tuple(emissions.shape)}, got {type(tags).__name__} "
+            f"{tuple(getattr(tags, 'shape', ()))}"
+        )
 
 
 def crf_score(
@@ -322,27 +332,13 @@ def crf_score(
     tags: torch.Tensor,
     lengths: torch.Tensor,
     allowed: Optional[torch.Tensor] = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Score of the tag sequences ``tags [B, L]`` (padding ignored), ``Tensor[B]``. A
-    ``ValueError`` for inputs of other shapes (:func:`check_emissions`, and ``tags``)."""
-    check_emissions(emissions, transitions, lengths, allowed)
-    if not isinstance(tags, torch.Tensor) or tags.shape != emissions.shape[:2]:
-        raise ValueError(
-            f"tags must be a tensor [B, L], one tag per token of the emissions "
-            f"{tuple(emissions.shape)}, got {type(tags).__name__} "
-            f"{tuple(getattr(tags, 'shape', ()))}"
-        )
-    return crf_score_unchecked(emissions, transitions, tags, lengths, allowed)
-
-
-def crf_score_unchecked(
-    emissions: torch.Tensor,
-    transitions: torch.Tensor,
-    tags: torch.Tensor,
-    lengths: torch.Tensor,
-    allowed: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """:func:`crf_score` without the check of its inputs (the heads check theirs)."""
+    ``ValueError`` for inputs of other shapes (:func:`check_emissions`, and ``tags``), unless
+    ``check`` is False (the heads check theirs)."""
+    if check:
+        _check_tags(emissions, transitions, tags, lengths, allowed)
     B, L, n = emissions.shape
     device = emissions.device
     lengths = lengths.to(device).long()
@@ -365,22 +361,14 @@ def crf_viterbi(
     transitions: torch.Tensor,
     lengths: torch.Tensor,
     allowed: Optional[torch.Tensor] = None,
+    check: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Best tag sequence per document: ``(tags LongTensor[B, L] padded with 0, best [B])``. A
     document whose every valid sequence scores ``-inf`` has no best one: tags 0 (``O``, no
     entity) and a best score of ``-inf``. A ``ValueError`` for inputs of other shapes
-    (:func:`check_emissions`)."""
-    check_emissions(emissions, transitions, lengths, allowed)
-    return crf_viterbi_unchecked(emissions, transitions, lengths, allowed)
-
-
-def crf_viterbi_unchecked(
-    emissions: torch.Tensor,
-    transitions: torch.Tensor,
-    lengths: torch.Tensor,
-    allowed: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`crf_viterbi` without the check of its inputs (the heads check theirs)."""
+    (:func:`check_emissions`), unless ``check`` is False (the heads check theirs)."""
+    if check:
+        check_emissions(emissions, transitions, lengths, allowed)
     with torch.no_grad():
         B, L, n = emissions.shape
         device = emissions.device
@@ -418,6 +406,7 @@ def crf_marginals(
     transitions: torch.Tensor,
     lengths: torch.Tensor,
     allowed: Optional[torch.Tensor] = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """``Tensor[B, L, n_tags]``: probability of each tag at each token (0 on padding, and
     everywhere in a document whose every valid sequence scores ``-inf``: no distribution).
@@ -425,19 +414,11 @@ def crf_marginals(
     Forward-backward: ``exp(alpha[t, y] + beta[t, y] - log Z)`` (equal to the gradient of
     ``log Z`` with respect to the emissions), in float64 whatever the emissions' precision (the
     result takes theirs). Not differentiated; safe under ``no_grad``. A ``ValueError`` for
-    inputs of other shapes (:func:`check_emissions`).
+    inputs of other shapes (:func:`check_emissions`), unless ``check`` is False (the heads
+    check theirs).
     """
-    check_emissions(emissions, transitions, lengths, allowed)
-    return crf_marginals_unchecked(emissions, transitions, lengths, allowed)
-
-
-def crf_marginals_unchecked(
-    emissions: torch.Tensor,
-    transitions: torch.Tensor,
-    lengths: torch.Tensor,
-    allowed: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """:func:`crf_marginals` without the check of its inputs (the heads check theirs)."""
+    if check:
+        check_emissions(emissions, transitions, lengths, allowed)
     with torch.no_grad():
         B, L, n = emissions.shape
         lengths = lengths.to(emissions.device).long()
@@ -462,8 +443,8 @@ def crf_best_sequence_prob(
     ``ValueError`` for inputs of other shapes (:func:`check_emissions`)."""
     check_emissions(emissions, transitions, lengths, allowed)
     with torch.no_grad():
-        _, best = crf_viterbi_unchecked(emissions, transitions, lengths, allowed)
-        log_z = crf_log_partition_unchecked(emissions, transitions, lengths, allowed)
+        _, best = crf_viterbi(emissions, transitions, lengths, allowed, check=False)
+        log_z = crf_log_partition(emissions, transitions, lengths, allowed, check=False)
         return (best - log_z).exp().clamp_max(1.0)
 
 
@@ -475,6 +456,7 @@ def crf_span_marginals(
     scheme: TagScheme,
     allowed: Optional[torch.Tensor] = None,
     check_rows: bool = True,
+    check: bool = True,
 ) -> torch.Tensor:
     """Exact probability that each labelled span ``(doc, start, end, label)`` is an entity of
     the tag sequence, ``Tensor[N]``.
@@ -485,32 +467,20 @@ def crf_span_marginals(
     from a prefix sum, so the cost is ``O(N * n_tags)`` after one forward-backward pass.
     A ``ValueError`` for a span outside its document or a label outside ``1..M``, unless
     ``check_rows`` is False: decoded rows need no check (about 50 us a call); and for inputs of
-    other shapes (:func:`check_emissions`, and a ``scheme`` of another number of tags).
+    other shapes (:func:`check_emissions`, and a ``scheme`` of another number of tags), unless
+    ``check`` is False (the heads check theirs).
     """
-    check_emissions(emissions, transitions, lengths, allowed)
-    if scheme.n_tags != emissions.shape[2]:
-        raise ValueError(
-            f"scheme has {scheme.n_tags} tags, the emissions {emissions.shape[2]}"
-        )
-    if check_rows:
-        device_lengths = lengths.to(emissions.device).long()
-        check_span_rows(spans, device_lengths, emissions.shape[1], None, scheme.n_labels, "span")
-    return crf_span_marginals_unchecked(emissions, transitions, lengths, spans, scheme, allowed)
-
-
-def crf_span_marginals_unchecked(
-    emissions: torch.Tensor,
-    transitions: torch.Tensor,
-    lengths: torch.Tensor,
-    spans: torch.Tensor,
-    scheme: TagScheme,
-    allowed: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """:func:`crf_span_marginals` without the checks of its inputs and of the ``spans`` rows
-    (the heads check their inputs, and rows they decoded need no check)."""
+    if check:
+        check_emissions(emissions, transitions, lengths, allowed)
+        if scheme.n_tags != emissions.shape[2]:
+            raise ValueError(
+                f"scheme has {scheme.n_tags} tags, the emissions {emissions.shape[2]}"
+            )
     device = emissions.device
     B, L, n = emissions.shape
     lengths = lengths.to(device).long()
+    if check_rows:
+        check_span_rows(spans, lengths, L, None, scheme.n_labels, "span")
     doc, s, e, lab = spans.to(device).long().view(-1, 4).unbind(1)
     if doc.shape[0] == 0:
         return emissions.new_zeros(0)

@@ -122,7 +122,8 @@ def _zeros_connected(scores: torch.Tensor, transitions: Optional[torch.Tensor]) 
 
 
 def semicrf_log_partition(
-    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
+    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """``log Z`` per document, ``Tensor[B]``, by the forward scan.
 
@@ -130,17 +131,11 @@ def semicrf_log_partition(
     A segment scored -inf is in no segmentation with any probability (it counts as NEG); where
     every segmentation is -inf, log Z is not -inf but at or below ``NEG / 2`` (finite, so that
     its gradient is no NaN). ``transitions`` is ``[C + 1, C + 1]`` or None. Empty documents get
-    exactly 0. A ``ValueError`` for inputs of other shapes (:func:`check_segment_scores`).
+    exactly 0. A ``ValueError`` for inputs of other shapes (:func:`check_segment_scores`),
+    unless ``check`` is False (the heads check theirs).
     """
-    check_segment_scores(scores, lengths, transitions)
-    return semicrf_log_partition_unchecked(scores, lengths, transitions)
-
-
-def semicrf_log_partition_unchecked(
-    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
-) -> torch.Tensor:
-    """:func:`semicrf_log_partition` without the check of its inputs (the heads check
-    theirs)."""
+    if check:
+        check_segment_scores(scores, lengths, transitions)
     B, L, K, C = scores.shape
     if L == 0:
         return _zeros_connected(scores, transitions)
@@ -179,6 +174,7 @@ def semicrf_gold_score(
     gold: torch.Tensor,
     transitions: Optional[torch.Tensor] = None,
     check_rows: bool = True,
+    check: bool = True,
 ) -> torch.Tensor:
     """Score of the gold segmentation per document, ``Tensor[B]``.
 
@@ -186,26 +182,16 @@ def semicrf_gold_score(
     the segmentation is these entities plus a width-1 null segment on every other token.
     Raises ``ValueError`` for gold spans that are not such a segmentation, or wider than ``K``
     (they have no score), unless ``check_rows`` is False: a path the head decoded needs no
-    check; and for inputs of other shapes (:func:`check_segment_scores`).
+    check; and for inputs of other shapes (:func:`check_segment_scores`), unless ``check`` is
+    False (the heads check theirs).
     """
-    check_segment_scores(scores, lengths, transitions)
-    if check_rows:
-        B, L, K, C = scores.shape
-        check_gold_spans(gold, lengths.to(scores.device).long(), L, K, C - 1)
-    return semicrf_gold_score_unchecked(scores, lengths, gold, transitions)
-
-
-def semicrf_gold_score_unchecked(
-    scores: torch.Tensor,
-    lengths: torch.Tensor,
-    gold: torch.Tensor,
-    transitions: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """:func:`semicrf_gold_score` without the checks of its inputs and of the ``gold`` rows
-    (the heads check their inputs, and a path they decoded needs no check)."""
+    if check:
+        check_segment_scores(scores, lengths, transitions)
     B, L, K, C = scores.shape
     device = scores.device
     lengths = lengths.to(device).long()
+    if check_rows:
+        check_gold_spans(gold, lengths, L, K, C - 1)
     S = _masked_scores(scores, lengths)
     doc, start, end, label = gold.to(device).long().view(-1, 4).unbind(1)
     width = end - start
@@ -233,8 +219,10 @@ def semicrf_gold_score_unchecked(
     return total + trans.sum(1) + to_end
 
 
+@torch.no_grad()
 def semicrf_viterbi(
-    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
+    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None,
+    check: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Best segmentation per document.
 
@@ -242,17 +230,11 @@ def semicrf_viterbi(
     out) as rows ``(doc, start, end_inclusive, label)`` sorted by ``(doc, start)``, and each
     document's best score (0 for empty documents). A document whose every segmentation scores
     ``-inf`` has no best one: no rows, and a best score of ``-inf``. A ``ValueError`` for
-    inputs of other shapes (:func:`check_segment_scores`).
+    inputs of other shapes (:func:`check_segment_scores`), unless ``check`` is False (the heads
+    check theirs).
     """
-    check_segment_scores(scores, lengths, transitions)
-    return semicrf_viterbi_unchecked(scores, lengths, transitions)
-
-
-@torch.no_grad()
-def semicrf_viterbi_unchecked(
-    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`semicrf_viterbi` without the check of its inputs (the heads check theirs)."""
+    if check:
+        check_segment_scores(scores, lengths, transitions)
     B, L, K, C = scores.shape
     device = scores.device
     lengths = lengths.to(device).long()
@@ -334,26 +316,21 @@ def semicrf_marginals(
 
 
 def semicrf_marginals_and_log_z(
-    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
+    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None,
+    check: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(marginals [B, L, K, C], log Z [B])`` from one forward scan and its gradient (what
     :func:`semicrf_marginals` returns, with the log Z it throws away). A ``ValueError`` for
-    inputs of other shapes (:func:`check_segment_scores`)."""
-    check_segment_scores(scores, lengths, transitions)
-    return semicrf_marginals_and_log_z_unchecked(scores, lengths, transitions)
-
-
-def semicrf_marginals_and_log_z_unchecked(
-    scores: torch.Tensor, lengths: torch.Tensor, transitions: Optional[torch.Tensor] = None
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`semicrf_marginals_and_log_z` without the check of its inputs (the heads check
-    theirs)."""
+    inputs of other shapes (:func:`check_segment_scores`), unless ``check`` is False (the heads
+    check theirs)."""
+    if check:
+        check_segment_scores(scores, lengths, transitions)
     # autograd cannot record inside inference mode, nor on tensors made there: leave the
     # mode for the scan, on copies of such tensors (clone leaves the values as they are)
     with torch.inference_mode(False), torch.enable_grad():
         leaf = _normal_tensor(scores).requires_grad_(True)
         T = None if transitions is None else _normal_tensor(transitions)
-        log_z = semicrf_log_partition_unchecked(leaf, _normal_tensor(lengths), T)
+        log_z = semicrf_log_partition(leaf, _normal_tensor(lengths), T, check=False)
         (grad,) = torch.autograd.grad(log_z.sum(), leaf)
     # every segmentation -inf: log Z at NEG or below, and a gradient that is no distribution
     some = (log_z.detach() > neg_value(log_z.dtype) / 2).view(-1, 1, 1, 1)
