@@ -25,6 +25,7 @@ from wasabi import MESSAGES, Printer
 
 from .calibration import fsemicrf_components
 from .gold import example_entities, incorrect_entities
+from .partial import known_tokens
 
 # as spacy debug data: fewer examples of a label than this are too few to learn it
 NEW_LABEL_THRESHOLD = 50
@@ -36,7 +37,7 @@ class CorpusReport(NamedTuple):
 
     docs: int
     annotated: int  # docs with entity annotation (the others are not read)
-    tokens: int  # tokens of the annotated docs
+    tokens: int  # tokens of the annotated docs (the pipeline's tokenization)
     unknown: int  # tokens of them without entity annotation, whitespace aside
     labels: Counter  # entities kept, by label
     wide: Counter  # entities left out for their width, by label
@@ -72,10 +73,11 @@ def corpus_report(
             continue
         annotated += 1
         ref = eg.reference
-        tokens += len(ref)
-        # (a whitespace token without annotation is outside any entity, as for spaCy's ner)
-        unknown += sum(token.ent_iob == 0 and not token.is_space for token in ref)
-        if split is None:  # spans known to be wrong only: every token unknown
+        # the tokens of the predicted doc the loss reads as unknown, as training marks them
+        known = known_tokens(eg, *(split[1:] if split is not None else ()))
+        tokens += len(eg.predicted)
+        unknown += 0 if known is None else int((~known).sum())
+        if split is None:  # spans known to be wrong only: no entity
             continue
         labels.update(ent.label_ for ent in split.kept)
         wide.update(ent.label_ for ent in split.wide)
@@ -135,9 +137,9 @@ def report_component(
         msg.text(f"Labels in train data: {_counts(tr.labels)}", show=verbose)
     if tr.unknown:
         msg.info(f"{tr.unknown} of {tr.tokens} tokens of the annotated training docs "
-                 f"({100 * tr.unknown / tr.tokens:.1f}%) have no entity annotation: unknown to "
-                 f"the loss (an entity or none), as for spaCy's ner (a whitespace token without "
-                 f"it is outside any entity)")
+                 f"({100 * tr.unknown / tr.tokens:.1f}%) are unknown to the loss (an entity or "
+                 f"none): without entity annotation, as for spaCy's ner (a whitespace token "
+                 f"without it is outside any entity), or in an entity left out")
     if key is not None:
         msg.info(f"{tr.incorrect_given} training spans in doc.spans[{key!r}], entities known to "
                  f"be wrong: {tr.incorrect} read, {tr.incorrect_given - tr.incorrect} left out (a "
