@@ -25,8 +25,8 @@ from thinc.types import Floats2d, Ints1d, Ints2d
 
 from .doc_constraints import sentence_start_flags
 from .head_model import (
-    HeadInput, build_head, eval_mode, is_initialized, make_head_model, padded_torch_inputs,
-    torch_head,
+    HeadInput, build_head, eval_mode, grow_head, is_initialized, make_head_model,
+    padded_torch_inputs, torch_head,
 )
 from .structured.heads import HEADS
 from .structured.nbest import Segmentation
@@ -318,6 +318,14 @@ def infer_width(tok2vec: Model, docs: List[Doc]) -> int:
 
 def model_is_initialized(model: Model) -> bool:
     return is_initialized(model.get_ref("head"))
+
+
+def model_add_labels(model: Model, n: int) -> None:
+    """Grow the built head of a ``spacy-fsemicrf.*`` model by ``n`` entity labels, numbered
+    after the existing ones (:func:`~.head_model.grow_head`)."""
+    head_model = model.get_ref("head")
+    grow_head(head_model, n)
+    model.set_dim("nO", head_model.get_dim("nO"), force=True)
 
 
 def model_torch_head(model: Model):

@@ -36,7 +36,9 @@ from thinc.api import Config, Model, Optimizer, set_dropout_rate
 
 from . import architectures  # noqa: F401  (registers the architectures)
 from . import fork_safety
-from .architectures import ModelInput, model_is_initialized, model_nbest, model_torch_head
+from .architectures import (
+    ModelInput, model_add_labels, model_is_initialized, model_nbest, model_torch_head,
+)
 from .augment import AUGMENTED, ORIGINAL_ENTITIES
 from .calibration import apply_calibration, check_calibration, entity_key, needs_novelty, seen_flags
 from .doc_constraints import (
@@ -412,17 +414,18 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         return bool(self.model.attrs.get("span_head", True))
 
     def add_label(self, label: str) -> int:
+        """Add an entity label; 1 if it is new, 0 if the component has it. A trained component
+        grows its head for it (as spaCy's ``ner``): the existing labels keep their scores,
+        and training further learns the new one."""
         check_labels([label], self.name)
         if label in self.labels:
             return 0
         if model_is_initialized(self.model):
-            raise ValueError(
-                f"Cannot add the label {label!r} to the initialized component '{self.name}': "
-                f"its head was built for the labels {list(self.labels)}. Add every label "
-                f"before initializing (from the training data or "
-                f"[initialize.components.{self.name}.labels]) and initialize again: a trained "
-                f"component keeps its labels."
-            )
+            # as spaCy's ner grows its output layer: the existing labels keep their scores,
+            # the new one is learned by training further
+            model_add_labels(self.model, 1)
+            logger.info("%s: added the label %r to the trained component (it is learned by "
+                        "training further)", self.name, label)
         self.cfg["labels"].append(label)
         self.vocab.strings.add(label)
         return 1
@@ -502,7 +505,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             if unknown:
                 logger.warning(
                     "%s: the examples contain entity labels that are not in the labels given "
-                    "to initialize: %s. Training on them will fail.",
+                    "to initialize: %s. Training on them adds them to the component.",
                     self.name,
                     unknown,
                 )
@@ -569,6 +572,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if not examples:
             return losses
         docs = [eg.predicted for eg in examples]
+        self._add_new_labels(examples)
         gold = self._gold(examples)
         self._add_seen(examples)
         if not any(len(doc) for doc, keep in zip(docs, gold.mask) if keep):
@@ -585,6 +589,14 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             self.finish_update(sgd)
         losses[self.name] += loss
         return losses
+
+    def _add_new_labels(self, examples: List[Example]) -> None:
+        """Add the labels of the examples' gold entities that the component lacks (as spaCy's
+        ``ner`` does in training): a component sourced from a trained pipeline learns a new
+        entity type from data that has it (:meth:`add_label`)."""
+        found = {ent.label_ for eg in examples for ent in eg.reference.ents}
+        for label in sorted(found - set(self.labels)):
+            self.add_label(label)
 
     def get_gold(self, examples: List[Example]) -> Tuple[numpy.ndarray, numpy.ndarray]:
         """Gold rows ``(doc, start, end_inclusive, label 1..M)`` aligned to the predicted docs,
@@ -619,12 +631,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 if ent.label_ not in label_ids:
                     raise ValueError(
                         f"[{self.name}] The training data has an entity with the label "
-                        f"{ent.label_!r}, which the component was not initialized with "
-                        f"(labels: {list(self.labels)}). Include it in the initialization "
-                        f"examples or in [initialize.components.{self.name}.labels]. A "
-                        f"component sourced from a trained pipeline keeps the labels it was "
-                        f"trained with, as spaCy's spancat does (spacy train does not "
-                        f"initialize it): to learn a new label, train it anew, not sourced."
+                        f"{ent.label_!r}, which the component does not have (labels: "
+                        f"{list(self.labels)}). Add it with add_label (update adds the labels "
+                        f"of its examples), or include it in the initialization examples or "
+                        f"in [initialize.components.{self.name}.labels]."
                     )
             kept = [(i, ent.start, ent.end - 1, label_ids[ent.label_]) for ent in split.kept]
             rows.extend(kept)

@@ -24,6 +24,7 @@ import numpy
 import torch
 from thinc.api import ArgsKwargs, Model, PyTorchShim, get_torch_default_device, torch2xp, xp2torch
 from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+from thinc.shims.shim import Shim
 from thinc.types import Floats2d, Ints1d, Ints2d
 
 from .averages import use_averaged_params
@@ -238,6 +239,21 @@ def build_head(head_model: Model, input_width: int, n_labels: int) -> None:
     shim._model = head.to(device)
     head_model.set_dim("nI", int(input_width), force=True)
     head_model.set_dim("nO", int(n_labels), force=True)
+
+
+def grow_head(head_model: Model, n: int) -> None:
+    """Grow the built head by ``n`` entity labels, numbered after the existing ones (the
+    heads' ``add_labels``). The shim takes a new id, under which the optimizer starts fresh
+    state (moments, averages) for every parameter: Thinc's optimizer keys them by shim id and
+    name, and the state of a parameter of the old shape cannot step the new one."""
+    head = torch_head(head_model)
+    head.add_labels(int(n))
+    head.fsemicrf_spec["n_labels"] = head.n_labels
+    head_model.set_dim("nO", head.n_labels, force=True)
+    shim = head_model.shims[0]
+    with Shim.global_id_lock:  # (as Thinc numbers its shims)
+        Shim.global_id += 1
+        shim.id = Shim.global_id
 
 
 # Forward pass -------------------------------------------------------------------------------

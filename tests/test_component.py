@@ -10,6 +10,7 @@ from spacy.tokens import Doc, Span
 from spacy.training import Example
 from thinc.api import Adam
 
+from spacy_fsemicrf.architectures import model_torch_head
 from spacy_fsemicrf.component import DEFAULT_FILTER_MARGIN, FSemiCRFEntityRecognizer, set_entities
 
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory
@@ -69,22 +70,65 @@ def test_initialize_without_labels_fails():
         nlp.initialize()
 
 
-def test_add_label_after_initialize_fails(trained_nlp):
-    ner = trained_nlp.get_pipe("fsemicrf_ner")
+NEW_LABEL_DATA = [
+    ("I use WidgetPro every day .", [(6, 15, "GADGET")]),
+    ("Peter sold his GizmoMax in Rome .", [(0, 5, "PER"), (15, 23, "GADGET"), (27, 31, "LOC")]),
+    ("Tesla makes the Zapper now .", [(0, 5, "ORG"), (16, 22, "GADGET")]),
+]
+
+
+def _copy(nlp, path):
+    nlp.to_disk(path)
+    return spacy.load(path)
+
+
+def test_add_label_to_a_trained_component_grows_its_head(trained_nlp, tmp_path):
+    nlp = _copy(trained_nlp, tmp_path / "pipeline")
+    ner = nlp.get_pipe("fsemicrf_ner")
+    head = model_torch_head(ner.model)
     assert ner.add_label("PER") == 0
-    with pytest.raises(ValueError, match="'NEWLABEL'.*a trained component keeps its labels"):
-        ner.add_label("NEWLABEL")
+    assert ner.add_label("GADGET") == 1 and ner.add_label("GADGET") == 0
+    assert ner.labels == (*LABELS, "GADGET")
+    assert ner.model.get_dim("nO") == head.n_labels == len(LABELS) + 1
+    assert head.fsemicrf_spec["n_labels"] == len(LABELS) + 1
+    # the grown pipeline saves and loads as it is
+    texts = [text for text, _ in TRAIN_DATA]
+    loaded = _copy(nlp, tmp_path / "grown")
+    assert loaded.get_pipe("fsemicrf_ner").labels == ner.labels
+    assert predicted_set(loaded.pipe(texts)) == predicted_set(nlp.pipe(texts))
 
 
-def test_unknown_label_in_update_is_an_error():
+def test_update_learns_a_label_new_to_a_trained_component(trained_nlp, tmp_path):
+    """As spaCy's ner: training a trained (or sourced) component on data with a new label
+    adds it, with an optimizer that has already stepped the head at its old shape, and
+    parameter averages that then cover the grown head."""
+    nlp = _copy(trained_nlp, tmp_path / "pipeline")
+    optimizer = nlp.resume_training(sgd=Adam(0.001, use_averages=True))
+    old = make_examples(nlp)
+    nlp.update(old, sgd=optimizer, drop=0.0)
+    examples = old + make_examples(nlp, NEW_LABEL_DATA)
+    spacy.util.fix_random_seed(0)
+    for _ in range(40):
+        nlp.update(examples, sgd=optimizer, drop=0.0)
+    assert nlp.get_pipe("fsemicrf_ner").labels == (*LABELS, "GADGET")
+    data = TRAIN_DATA + NEW_LABEL_DATA
+    texts = [text for text, _ in data]
+    assert predicted_set(nlp.pipe(texts)) == gold_set(nlp, data)
+    with nlp.use_params(optimizer.averages):  # the averages of the grown head's shapes
+        averaged = predicted_set(nlp.pipe(texts))
+    assert {label for doc in averaged for _, label in doc} <= {*LABELS, "GADGET"}
+
+
+def test_a_label_left_out_of_initialize_is_added_by_update():
     nlp = spacy.blank("en")
     ner = nlp.add_pipe("fsemicrf_ner")
     examples = make_examples(nlp)
     ner.initialize(lambda: examples, nlp=nlp, labels=["PER", "LOC"])
-    # also what a component sourced from a trained pipeline meets (spacy train does not
-    # initialize it, so its labels block is not read): the message says so
-    with pytest.raises(ValueError, match="'ORG'.*sourced from a trained pipeline keeps"):
-        nlp.update(examples)
+    nlp.update(examples)
+    assert ner.labels == ("PER", "LOC", "ORG")
+    # get_gold does not grow the component: it names the label it lacks
+    with pytest.raises(ValueError, match="'GADGET'.*does not have.*add_label"):
+        ner.get_gold(make_examples(nlp, NEW_LABEL_DATA))
 
 
 def test_use_before_initialize_is_an_error():

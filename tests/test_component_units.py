@@ -299,7 +299,7 @@ def test_initialize_with_given_labels_warns_about_the_others(caplog):
     assert ner.labels == ("PER", "ZZNEW") and "ZZNEW" in nlp.vocab.strings
     assert [r.getMessage() for r in caplog.records] == [
         "fsemicrf_ner: the examples contain entity labels that are not in the labels given to "
-        "initialize: ['LOC', 'ORG']. Training on them will fail."]
+        "initialize: ['LOC', 'ORG']. Training on them adds them to the component."]
 
 
 def test_initialize_without_any_entity_says_where_the_labels_come_from():

@@ -7,6 +7,7 @@
 * :mod:`.heads` — the three as ``nn.Module`` heads with one interface;
 * :mod:`.compaction` — how the filtered graph is solved: clusters, cliques, scanned rows;
 * :mod:`.semiring` — the log-space helpers the dynamic programs share;
+* :mod:`.growth` — growing a trained head by new entity labels (the heads' ``add_labels``);
 * :mod:`.context`, :mod:`.null_tokens`, :mod:`.mean_field` — the heads' optional parts (a
   BiLSTM and same-word pooling, null tokens, mean-field refinement of the node scores);
 * :mod:`.confidences`, :mod:`.prediction` — entity confidences, candidates, path

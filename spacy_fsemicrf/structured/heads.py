@@ -41,6 +41,7 @@ from .confidences import (
 )
 from .constrained import crf_constrained, filtered_constrained, semicrf_constrained
 from .context import TokenContext, WordPool
+from .growth import grow_linear, grow_parameter, label_positions
 from .linear_crf import (
     consistent_emissions,
     crf_log_partition,
@@ -667,6 +668,22 @@ class FilteredSemiCRFHead(nn.Module):
         local, glob = self.span_scores(X, lengths, words)
         return filtered.inference_node_set(local, glob, lengths, filter_margin).counts()
 
+    def add_labels(self, n: int) -> None:
+        """Grow the head by ``n`` entity labels, numbered after the existing ones
+        (:mod:`.growth`): the existing labels keep their scores; a new label's local and
+        global scores start at the lowest bias of the existing labels, its other weights at
+        zero (with mean-field layers, its global score enters the beliefs they refine)."""
+        check_integer("n", n, 1)
+        C, grown = self.n_labels + 1, self.n_labels + 1 + n
+        output = self.scorer.output
+        bias = output.bias.detach()
+        new_bias = torch.cat([bias[1:C].min().expand(n), bias[C + 1:].min().expand(n)])
+        grow_linear(output, list(range(C)) + [grown + c for c in range(C)], 2 * grown, new_bias)
+        grow_parameter(self, "transitions", label_positions(C + 1, n, 1), grown + 1, dims=2)
+        for layer in [] if self.refiner is None else self.refiner.layers:
+            grow_parameter(layer, "compatibility", list(range(C)), grown, dims=2)
+        self.n_labels += n
+
 
 class SemiCRFHead(nn.Module):
     """Exact semi-Markov CRF over all segmentations with segments up to ``max_width`` (baseline).
@@ -791,6 +808,19 @@ class SemiCRFHead(nn.Module):
         scores = self.span_scores(X, lengths, words)
         check_scores(scores)
         return semicrf_nbest(_within_sentences(scores, sentence_starts), lengths, T, k)
+
+    def add_labels(self, n: int) -> None:
+        """Grow the head by ``n`` entity labels, numbered after the existing ones
+        (:mod:`.growth`): the existing labels keep their scores; a new label's segment score
+        starts at the lowest bias of the existing labels, its other weights at zero."""
+        check_integer("n", n, 1)
+        C, grown = self.n_labels + 1, self.n_labels + 1 + n
+        output = self.scorer.output
+        bias = output.bias.detach()
+        lowest = bias[1:C].min() if C > 1 else bias.new_zeros(())
+        grow_linear(output, list(range(C)), grown, lowest.expand(n))
+        grow_parameter(self, "transitions", label_positions(C + 1, n, 1), grown + 1, dims=2)
+        self.n_labels += n
 
 
 def semicrf_consistent_score(
@@ -983,6 +1013,23 @@ class LinearCRFHead(nn.Module):
         check_scores(emissions)
         emissions = sentence_emissions(emissions, sentence_starts, self.scheme)
         return crf_nbest(emissions, T, lengths, self.scheme, k, allowed)
+
+    def add_labels(self, n: int) -> None:
+        """Grow the head by ``n`` entity labels, numbered after the existing ones
+        (:mod:`.growth`; their tags come after the existing tags): the existing tags keep
+        their scores and transitions; a new tag's emission starts at the lowest bias of the
+        existing entity tags, its other weights and transitions at zero."""
+        check_integer("n", n, 1)
+        old, scheme = self.scheme.n_tags, tag_scheme(self.n_labels + n, self.scheme.scheme)
+        output = self.emitter[-1]
+        bias = output.bias.detach()
+        lowest = bias[1:old].min() if old > 1 else bias.new_zeros(())
+        grow_linear(output, list(range(old)), scheme.n_tags, lowest.expand(scheme.n_tags - old))
+        grow_parameter(self, "transitions", label_positions(old + 1, scheme.n_tags - old, 1),
+                       scheme.n_tags + 1, dims=2)
+        self.scheme = scheme
+        self.allowed = scheme.allowed.to(self.allowed.device)
+        self.n_labels += n
 
 
 HEADS = {

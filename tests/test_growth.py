@@ -1,0 +1,159 @@
+"""Growing a trained head by new entity labels (the heads' ``add_labels``)."""
+import pytest
+import torch
+
+from spacy_fsemicrf.structured.growth import label_positions, placed
+from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
+from spacy_fsemicrf.structured.prediction import DecodeOptions
+
+D, M, K = 8, 3, 3
+
+HEAD_SETTINGS = [
+    (FilteredSemiCRFHead, {"transitions": True}),
+    (FilteredSemiCRFHead, {"mean_field": 2, "doc_vector": True}),
+    (SemiCRFHead, {"transitions": True}),
+    (LinearCRFHead, {"scheme": "BIO"}),
+    (LinearCRFHead, {"scheme": "BILUO"}),
+]
+
+
+def _head(cls, settings, seed: int):
+    """A head with random weights, transitions and compatibilities included (all zero at
+    construction, where a misplaced entry would go unseen)."""
+    torch.manual_seed(seed)
+    head = cls(D, M, max_width=K, hidden_width=12, dropout=0.0, **settings).eval()
+    with torch.no_grad():
+        for param in head.parameters():
+            param.add_(torch.randn_like(param) * 0.5)
+    return head
+
+
+def _scores(head, X, lengths):
+    """Each label channel of the head's scores, the last axis label by label."""
+    with torch.no_grad():
+        if isinstance(head, LinearCRFHead):
+            return [head.emissions(X, lengths)]
+        found = head.span_scores(X, lengths)
+    return list(found) if isinstance(found, tuple) else [found]
+
+
+def _output_layer(head):
+    return head.emitter[-1] if isinstance(head, LinearCRFHead) else head.scorer.output
+
+
+def _silence_new_labels(head, n_old_outputs_per_block: int, blocks: int) -> None:
+    """Make the new labels' outputs score far below everything (bias -1e4): the grown head
+    must then decide as the head before it."""
+    output = _output_layer(head)
+    grown = output.out_features // blocks
+    with torch.no_grad():
+        for block in range(blocks):
+            output.bias[block * grown + n_old_outputs_per_block: (block + 1) * grown] = -1e4
+
+
+def test_placed_puts_each_entry_at_its_index():
+    old = torch.arange(12.0).view(3, 4)
+    new = placed(old, [0, 3, 4], 6)
+    assert new.shape == (6, 4)
+    assert torch.equal(new[[0, 3, 4]], old) and not new[[1, 2, 5]].any()
+    square = torch.arange(9.0).view(3, 3)
+    new = placed(square, [0, 1, 4], 5, dims=2)
+    idx = torch.tensor([0, 1, 4])
+    assert torch.equal(new[idx][:, idx], square)
+    assert new.sum() == square.sum()  # zero elsewhere
+    with pytest.raises(ValueError):
+        placed(old, [0, 0, 1], 6)
+    with pytest.raises(ValueError):
+        placed(old, [0, 1, 6], 6)
+
+
+def test_label_positions_keep_start_and_end_last():
+    assert label_positions(4, 2) == [0, 1, 2, 3]
+    assert label_positions(5, 2, 1) == [0, 1, 2, 3, 6]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("cls,settings", HEAD_SETTINGS)
+def test_grown_head_keeps_the_scores_of_its_labels(cls, settings, seed):
+    head = _head(cls, settings, seed)
+    X, lengths = torch.randn(3, 7, D), torch.tensor([7, 4, 1])
+    before = _scores(head, X, lengths)
+    head.add_labels(2)
+    assert head.n_labels == M + 2
+    after = _scores(head, X, lengths)
+    for old, new in zip(before, after):
+        width = old.shape[-1]
+        assert new.shape[-1] > width
+        mask = torch.isfinite(old)
+        assert torch.allclose(new[..., :width][mask], old[mask], atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("cls,settings", HEAD_SETTINGS)
+def test_grown_head_whose_new_labels_never_score_decodes_as_before(cls, settings, seed):
+    """Every weight of the old labels moved to the right place, transitions to and from
+    START and END included: with the new labels out of reach the decoding is the same."""
+    head = _head(cls, settings, seed)
+    X, lengths = torch.randn(4, 9, D), torch.tensor([9, 6, 2, 1])
+    options = DecodeOptions(path=True, candidates=True)
+    with torch.no_grad():
+        before = head(X, lengths, options=options)
+    if isinstance(head, LinearCRFHead):
+        old_tags = head.scheme.n_tags
+        head.add_labels(2)
+        _silence_new_labels(head, old_tags, 1)
+    else:
+        head.add_labels(2)
+        blocks = 2 if isinstance(head, FilteredSemiCRFHead) else 1
+        _silence_new_labels(head, M + 1, blocks)
+        if isinstance(head, FilteredSemiCRFHead) and head.refiner is None:
+            # without mean-field layers the global block of a label no node has is never read
+            with torch.no_grad():
+                head.scorer.output.bias[-2:] = 0.0
+    with torch.no_grad():
+        after = head(X, lengths, options=options)
+    assert torch.equal(after.spans, before.spans)
+    assert torch.allclose(after.scores, before.scores, atol=1e-5)
+    assert torch.allclose(after.path, before.path, atol=1e-5)
+    assert torch.equal(after.candidates[0], before.candidates[0])
+
+
+@pytest.mark.parametrize("cls,settings", HEAD_SETTINGS)
+def test_grown_head_learns_a_new_label(cls, settings):
+    """Gold spans of a new label train the grown head until it decodes them."""
+    head = _head(cls, settings, 0)
+    head.add_labels(1)
+    new_label = M + 1
+    torch.manual_seed(1)
+    X, lengths = torch.randn(2, 6, D), torch.tensor([6, 5])
+    gold = torch.tensor([[0, 1, 2, new_label], [0, 4, 4, 1], [1, 0, 0, new_label]])
+    optimizer = torch.optim.Adam(head.parameters(), lr=0.05)
+    head.train()
+    for _ in range(150):
+        optimizer.zero_grad()
+        loss = head(X, lengths, gold)
+        loss.backward()
+        optimizer.step()
+    head.eval()
+    with torch.no_grad():
+        spans, _ = head(X, lengths)
+    assert {tuple(row) for row in spans.tolist()} == {tuple(row) for row in gold.tolist()}
+
+
+def test_linear_crf_growth_adds_the_new_labels_tags_after_the_old_ones():
+    head = _head(LinearCRFHead, {"scheme": "BILUO"}, 0)
+    names, transitions = head.scheme.names, head.transitions.detach().clone()
+    head.add_labels(1)
+    assert head.scheme.names[: len(names)] == names
+    assert head.scheme.names[len(names):] == ("B-4", "I-4", "L-4", "U-4")
+    assert torch.equal(head.allowed, head.scheme.allowed)
+    index = torch.tensor(label_positions(len(names) + 1, 4, 1))
+    assert torch.equal(head.transitions.detach()[index][:, index], transitions)
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, True, "2"])
+def test_add_labels_refuses_what_is_no_positive_count(n):
+    head = FilteredSemiCRFHead(D, M, max_width=K, hidden_width=12)
+    with pytest.raises(ValueError, match="n must be"):
+        head.add_labels(n)
+    assert head.n_labels == M
