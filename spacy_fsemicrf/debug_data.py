@@ -13,12 +13,13 @@ Exit status 1 when a check fails (no entity to train on), as ``spacy debug data`
 import argparse
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from spacy import util
 from spacy.cli._util import import_code, parse_config_overrides, show_validation_error
 from spacy.language import Language
 from spacy.schemas import ConfigSchemaTraining
+from spacy.tokens import Span
 from spacy.training import Example
 from spacy.util import registry, resolve_dot_names
 from wasabi import MESSAGES, Printer
@@ -45,8 +46,15 @@ class CorpusReport(NamedTuple):
     misaligned: List[str]  # texts of the entities not on token edges
     whitespace: int  # entities that start or end on a whitespace token
     crossing: int  # entities across a sentence boundary of the reference
-    incorrect: int  # spans known to be wrong that training reads
+    incorrect: int  # spans known to be wrong that training reads (each once in its doc)
     incorrect_given: int  # all spans known to be wrong
+    incorrect_repeated: int  # of them, duplicates of another span of their doc (read once)
+
+
+def _distinct(spans: Iterable[Span]) -> Set[Tuple[int, int, str]]:
+    """The ``(start, end, label)`` of ``spans``: a span repeated in a span group is one entity
+    known to be wrong for training (the component's ``_incorrect_rows``)."""
+    return {(span.start, span.end, span.label_) for span in spans}
 
 
 def corpus_report(
@@ -56,9 +64,9 @@ def corpus_report(
     """Count what a component with the width limit ``limit`` (None: no limit) reads of
     ``examples``, entity by entity as its training does (:func:`~.gold.example_entities`), and
     with ``key`` (its ``incorrect_spans_key``) the entities known to be wrong it reads for
-    ``labels_known`` (:func:`~.gold.incorrect_entities`)."""
+    ``labels_known`` (:func:`~.gold.incorrect_entities`), each once in its document."""
     docs = annotated = tokens = unknown = whitespace = crossing = widest = 0
-    incorrect = incorrect_given = 0
+    incorrect = incorrect_given = incorrect_repeated = 0
     labels: Counter = Counter()
     wide: Counter = Counter()
     misaligned: List[str] = []
@@ -67,8 +75,10 @@ def corpus_report(
         docs += 1
         split = example_entities(eg, limit)
         wrong = incorrect_entities(eg, key, labels_known, limit)
-        incorrect += len(wrong)
-        incorrect_given += len(eg.reference.spans[key]) if key in eg.reference.spans else 0
+        incorrect += len(_distinct(wrong))
+        given = eg.reference.spans[key] if key in eg.reference.spans else []
+        incorrect_given += len(given)
+        incorrect_repeated += len(given) - len(_distinct(given))
         if split is None and not wrong:
             continue
         annotated += 1
@@ -87,7 +97,7 @@ def corpus_report(
         if ref.has_annotation("SENT_START"):
             crossing += sum(any(token.is_sent_start for token in ent[1:]) for ent in ref.ents)
     return CorpusReport(docs, annotated, tokens, unknown, labels, wide, widest, misaligned,
-                        whitespace, crossing, incorrect, incorrect_given)
+                        whitespace, crossing, incorrect, incorrect_given, incorrect_repeated)
 
 
 def _counts(counter: Counter) -> str:
@@ -141,10 +151,13 @@ def report_component(
                  f"none): without entity annotation, as for spaCy's ner (a whitespace token "
                  f"without it is outside any entity), or in an entity left out")
     if key is not None:
+        left = tr.incorrect_given - tr.incorrect_repeated - tr.incorrect
+        repeated = (f"{tr.incorrect_repeated} duplicates of another span of their doc (read "
+                    f"once), " if tr.incorrect_repeated else "")
         msg.info(f"{tr.incorrect_given} training spans in doc.spans[{key!r}], entities known to "
-                 f"be wrong: {tr.incorrect} read, {tr.incorrect_given - tr.incorrect} left out (a "
-                 f"label the component does not have, edges off the pipeline's tokens, or wider "
-                 f"than max_width: the component could never predict them)")
+                 f"be wrong: {tr.incorrect} read, {repeated}{left} left out (a label the "
+                 f"component does not have, edges off the pipeline's tokens, or wider than "
+                 f"max_width: the component could never predict them)")
     low = {label: n for label, n in tr.labels.items() if n <= NEW_LABEL_THRESHOLD}
     for label, n in sorted(low.items()):
         msg.warn(f"Low number of examples for label '{label}' ({n})")

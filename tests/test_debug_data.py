@@ -46,6 +46,13 @@ def corpora(tmp_path_factory):
     rejected = doc(vocab, ["Paris", "said", "hi"])
     rejected.spans["incorrect_spans"] = [Span(rejected, 0, 1, "PER"), Span(rejected, 0, 1, "FOO")]
     DocBin(docs=[accepted, rejected]).to_disk(folder / "rejected.spacy")
+    # the rejected PER twice in one document's span group, and once in another document
+    twice = doc(vocab, ["Paris", "said", "hi"])
+    twice.spans["incorrect_spans"] = [Span(twice, 0, 1, "PER"), Span(twice, 0, 1, "PER"),
+                                      Span(twice, 0, 1, "FOO")]
+    once = doc(vocab, ["Paris", "said", "hi"])
+    once.spans["incorrect_spans"] = [Span(once, 0, 1, "PER")]
+    DocBin(docs=[accepted, twice, once]).to_disk(folder / "repeated.spacy")
     unannotated_space = doc(vocab, ["Ann", "\n", "Bob"], ["B-PER", "", ""], spaces=[False] * 3)
     DocBin(docs=[unannotated_space]).to_disk(folder / "space.spacy")
     # at the edges of the checks: 50 PERs, one two tokens wide ending on whitespace, one two
@@ -116,6 +123,19 @@ def test_reports_the_entities_known_to_be_wrong(corpora, capsys):
     assert "5 of 6 tokens of the annotated training docs (83.3%) are unknown to the loss" in out
     assert ("2 training spans in doc.spans['incorrect_spans'], entities known to be wrong: 1 "
             "read, 1 left out") in out
+
+
+def test_a_span_known_to_be_wrong_repeated_in_its_doc_is_read_once(corpora, capsys):
+    """Training reads the spans of a document's group as a set (the component's
+    _incorrect_rows): a duplicate in one document is read once, the same span in another
+    document is read again."""
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys,
+                      "--components.fsemicrf_ner.incorrect_spans_key", "incorrect_spans",
+                      train="repeated.spacy")
+    assert status == 0
+    assert "3 training docs, 3 with entity annotation" in out
+    assert ("4 training spans in doc.spans['incorrect_spans'], entities known to be wrong: 2 "
+            "read, 1 duplicates of another span of their doc (read once), 1 left out") in out
 
 
 def test_an_unannotated_whitespace_token_is_not_unknown_to_the_loss(corpora, capsys):
