@@ -179,11 +179,13 @@ def report_component(
             msg.text("E.g. " + ", ".join(repr(t) for t in rep.misaligned[:SHOWN]), show=verbose)
     if not tr.misaligned and not dv.misaligned:
         msg.good("All entities start and end on token edges of the pipeline's tokenization")
-    # a label of wide training entities only is known to the component but never trained on
-    unseen = sorted((set(dv.labels) | set(dv.wide)) - set(tr.labels))
+    # the labels it can predict: a sourced component's own (spacy train keeps them), else
+    # those it trains on (a label of wide training entities only is never trained on)
+    known = "the component's labels" if pipe.labels else "the training data"
+    unseen = sorted((set(dv.labels) | set(dv.wide)) - set(pipe.labels or tr.labels))
     if unseen:
-        msg.warn(f"Labels in the evaluation data but not in the training data, which the "
-                 f"component cannot predict: {', '.join(repr(label) for label in unseen)}")
+        msg.warn(f"Labels in the evaluation data but not in {known}, which the component "
+                 f"cannot predict: {', '.join(repr(label) for label in unseen)}")
     if dv.wide:
         msg.warn(f"{sum(dv.wide.values())} evaluation entities are wider than "
                  f"max_width={limit} tokens, which the component cannot predict: "

@@ -53,6 +53,8 @@ def corpora(tmp_path_factory):
     once = doc(vocab, ["Paris", "said", "hi"])
     once.spans["incorrect_spans"] = [Span(once, 0, 1, "PER")]
     DocBin(docs=[accepted, twice, once]).to_disk(folder / "repeated.spacy")
+    DocBin(docs=[doc(vocab, ["Paris", "met", "Bob"], ["B-LOC", "O", "B-FOO"])]).to_disk(
+        folder / "foo_dev.spacy")
     unannotated_space = doc(vocab, ["Ann", "\n", "Bob"], ["B-PER", "", ""], spaces=[False] * 3)
     DocBin(docs=[unannotated_space]).to_disk(folder / "space.spacy")
     # at the edges of the checks: 50 PERs, one two tokens wide ending on whitespace, one two
@@ -67,6 +69,24 @@ def corpora(tmp_path_factory):
     DocBin(docs=[doc(vocab, ["Mc", "Donald", "sells"], ["B-ORG", "O", "O"],
                      spaces=[False, True, False])]).to_disk(folder / "edges_dev.spacy")
     return folder
+
+
+@pytest.fixture(scope="module")
+def sourced(tmp_path_factory):
+    """A config whose components are sourced from a pipeline trained with the labels FOO and
+    PER (initialized only: spacy train reads its labels, not its weights)."""
+    from spacy import util
+
+    folder = tmp_path_factory.mktemp("sourced")
+    config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
+    nlp = util.load_model_from_config(config, auto_fill=True)
+    nlp.initialize(lambda: [Example(nlp.make_doc("Ann met Bob"), doc(
+        nlp.vocab, ["Ann", "met", "Bob"], ["B-PER", "O", "B-FOO"]))])
+    nlp.to_disk(folder / "trained")
+    for name in ("tok2vec", "fsemicrf_ner"):
+        config["components"][name] = {"source": str(folder / "trained")}
+    config.to_disk(folder / "sourced.cfg")
+    return folder / "sourced.cfg"
 
 
 def run(config, corpora, capsys, *extra, train="train.spacy", dev="dev.spacy"):
@@ -222,6 +242,19 @@ def test_entities_known_to_be_wrong_are_read_with_the_labels_the_component_train
     status, out = run(tmp_path / "sourced.cfg", corpora, capsys, train="rejected.spacy")
     assert status == 0
     assert "entities known to be wrong: 2 read, 0 left out" in out
+
+
+def test_dev_labels_a_sourced_component_has_are_labels_it_can_predict(corpora, sourced, capsys):
+    """spacy train keeps a sourced component's labels: the dev FOO is one it can predict, though
+    no training entity is a FOO; the dev LOC is none."""
+    status, out = run(sourced, corpora, capsys, train="space.spacy", dev="foo_dev.spacy")
+    assert status == 0
+    assert ("Labels in the evaluation data but not in the component's labels, which the "
+            "component cannot predict: 'LOC'") in out
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys, train="space.spacy",
+                      dev="foo_dev.spacy")
+    assert ("Labels in the evaluation data but not in the training data, which the component "
+            "cannot predict: 'FOO', 'LOC'") in out
 
 
 def test_the_checks_at_their_edges(corpora, capsys):
