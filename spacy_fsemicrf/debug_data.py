@@ -8,7 +8,8 @@ overrides applied, the pipeline's tokenizer) and reports, for each ``fsemicrf_ne
 what its training will read: the entities it trains on and those it leaves out (wider than a
 span head's ``max_width``, or not on token edges of the pipeline's tokenization), the tokens
 without entity annotation (unknown to the loss), and the dev entities it cannot predict.
-Exit status 1 when a check fails (no entity to train on), as ``spacy debug data``.
+Exit status 1 when a check fails (no entity to train on, or an entity with a label the
+component does not have, which stops its training), as ``spacy debug data``.
 """
 import argparse
 from collections import Counter
@@ -121,11 +122,12 @@ def training_labels(nlp: Language, name: str, train: List[Example]) -> Set[str]:
 
 def report_component(
     msg: Printer, name: str, pipe: Any, train: List[Example], dev: List[Example], verbose: bool,
-    labels: Optional[Set[str]] = None,
+    labels: Optional[Set[str]] = None, frozen: bool = False,
 ) -> None:
     """Print the checks of the component ``name`` on the ``train`` and ``dev`` examples;
     ``labels`` are those it trains with (:func:`training_labels`; None: those of the ``train``
-    entities)."""
+    entities); ``frozen``: in ``[training] frozen_components`` (spacy train does not update
+    it)."""
     limit = pipe.max_width if pipe.span_head else None
     msg.divider(f"fsemicrf_ner: {name}")
     head = pipe.model.attrs.get("arch", "?")
@@ -145,6 +147,16 @@ def report_component(
     else:
         msg.good(f"{sum(tr.labels.values())} entities to train on, {len(tr.labels)} label(s)")
         msg.text(f"Labels in train data: {_counts(tr.labels)}", show=verbose)
+    # training stops at the first entity with a label the component does not have
+    foreign = sorted({ent.label_ for eg in train for ent in eg.reference.ents} - labels)
+    if foreign and not frozen:
+        msg.fail(f"Labels in the training data that the component does not have: "
+                 f"{', '.join(repr(label) for label in foreign)}: training stops with an error "
+                 f"at the first update that reads one (" + (
+                     "a component sourced from a trained pipeline keeps the labels it was "
+                     "trained with: train it anew, not sourced, to learn a new label"
+                     if pipe.labels else
+                     f"add them to [initialize.components.{name}.labels]") + ")")
     if tr.unknown:
         msg.info(f"{tr.unknown} of {tr.tokens} tokens of the annotated training docs "
                  f"({100 * tr.unknown / tr.tokens:.1f}%) are unknown to the loss (an entity or "
@@ -256,9 +268,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not names:
         msg.fail(f"The config's pipeline has no fsemicrf_ner component (its components: "
                  f"{', '.join(nlp.pipe_names) or 'none'})")
+    frozen = nlp.config.interpolate()["training"].get("frozen_components", [])
     for name in names:
         report_component(msg, name, nlp.get_pipe(name), train, dev, args.verbose,
-                         training_labels(nlp, name, train))
+                         training_labels(nlp, name, train), name in frozen)
     counts = msg.counts
     msg.divider("Summary")
     msg.text(f"{counts[MESSAGES.GOOD]} checks passed, {counts[MESSAGES.WARN]} warnings, "

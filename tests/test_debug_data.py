@@ -257,6 +257,29 @@ def test_dev_labels_a_sourced_component_has_are_labels_it_can_predict(corpora, s
             "cannot predict: 'FOO', 'LOC'") in out
 
 
+def test_training_labels_the_component_does_not_have_fail(corpora, sourced, capsys, tmp_path):
+    """Training stops at an entity whose label the component does not have: a sourced one
+    keeps its labels (FOO, PER: the training ORG is none), and so does one given
+    [initialize.components] labels; a frozen component is not trained."""
+    from spacy import util
+
+    status, out = run(sourced, corpora, capsys)
+    assert status == 1
+    assert ("Labels in the training data that the component does not have: 'ORG': training "
+            "stops with an error at the first update that reads one (a component sourced") in out
+    status, out = run(sourced, corpora, capsys, "--training.frozen_components",
+                      '["fsemicrf_ner"]')
+    assert status == 0 and "does not have" not in out
+    config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
+    config["initialize"]["components"]["fsemicrf_ner"] = {"labels": ["PER"]}
+    config.to_disk(tmp_path / "labels.cfg")
+    status, out = run(tmp_path / "labels.cfg", corpora, capsys)
+    assert status == 1
+    assert ("the component does not have: 'ORG': training stops with an error at the first "
+            "update that reads one (add them to [initialize.components.fsemicrf_ner.labels])"
+            ) in out
+
+
 def test_the_checks_at_their_edges(corpora, capsys):
     """An entity as wide as max_width is kept, 50 examples of a label are few (as spacy debug
     data counts), an entity that ends on whitespace is one, one that starts a sentence crosses
