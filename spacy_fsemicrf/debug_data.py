@@ -8,8 +8,7 @@ overrides applied, the pipeline's tokenizer) and reports, for each ``fsemicrf_ne
 what its training will read: the entities it trains on and those it leaves out (wider than a
 span head's ``max_width``, or not on token edges of the pipeline's tokenization), the tokens
 without entity annotation (unknown to the loss), and the dev entities it cannot predict.
-Exit status 1 when a check fails (no entity to train on, or an entity with a label the
-component does not have, which stops its training), as ``spacy debug data``.
+Exit status 1 when a check fails (no entity to train on), as ``spacy debug data``.
 """
 import argparse
 from collections import Counter
@@ -134,9 +133,13 @@ def report_component(
     msg.info(f"Head {head}: " + (f"entities of at most max_width={limit} tokens"
                                  if limit is not None else "no limit on an entity's width"))
     key = pipe.incorrect_spans_key
+    found = {ent.label_ for eg in train for ent in eg.reference.ents}
     if labels is None:  # the labels the component is initialized with from the training data
-        labels = {ent.label_ for eg in train for ent in eg.reference.ents}
-    tr, dv = corpus_report(train, limit, key, labels), corpus_report(dev, limit)
+        labels = found
+    # update adds a label new to the component, as spaCy's ner (a frozen one is not trained)
+    new = [] if frozen else sorted(found - labels)
+    tr = corpus_report(train, limit, key, labels | set(new))
+    dv = corpus_report(dev, limit)
     msg.text(f"{tr.docs} training docs, {tr.annotated} with entity annotation; {dv.docs} "
              f"evaluation docs, {dv.annotated} with entity annotation")
     if tr.annotated < tr.docs:
@@ -147,16 +150,12 @@ def report_component(
     else:
         msg.good(f"{sum(tr.labels.values())} entities to train on, {len(tr.labels)} label(s)")
         msg.text(f"Labels in train data: {_counts(tr.labels)}", show=verbose)
-    # training stops at the first entity with a label the component does not have
-    foreign = sorted({ent.label_ for eg in train for ent in eg.reference.ents} - labels)
-    if foreign and not frozen:
-        msg.fail(f"Labels in the training data that the component does not have: "
-                 f"{', '.join(repr(label) for label in foreign)}: training stops with an error "
-                 f"at the first update that reads one (" + (
-                     "a component sourced from a trained pipeline keeps the labels it was "
-                     "trained with: train it anew, not sourced, to learn a new label"
-                     if pipe.labels else
-                     f"add them to [initialize.components.{name}.labels]") + ")")
+    if new:
+        msg.warn(f"Labels in the training data that the component does not have: "
+                 f"{', '.join(repr(label) for label in new)}: training adds them to it"
+                 + (" (its head grows; train on examples of its other labels too, or it "
+                    "forgets them)" if pipe.labels else
+                    f" (they are not in [initialize.components.{name}.labels])"))
     if tr.unknown:
         msg.info(f"{tr.unknown} of {tr.tokens} tokens of the annotated training docs "
                  f"({100 * tr.unknown / tr.tokens:.1f}%) are unknown to the loss (an entity or "
@@ -191,10 +190,12 @@ def report_component(
             msg.text("E.g. " + ", ".join(repr(t) for t in rep.misaligned[:SHOWN]), show=verbose)
     if not tr.misaligned and not dv.misaligned:
         msg.good("All entities start and end on token edges of the pipeline's tokenization")
-    # the labels it can predict: a sourced component's own (spacy train keeps them), else
-    # those it trains on (a label of wide training entities only is never trained on)
-    known = "the component's labels" if pipe.labels else "the training data"
-    unseen = sorted((set(dv.labels) | set(dv.wide)) - set(pipe.labels or tr.labels))
+    # the labels it can predict: a sourced component's own and those it trains on (a label
+    # of wide training entities only is never trained on; a frozen component is not trained)
+    known = " or ".join(where for where, has in (("the component's labels", pipe.labels),
+                                                 ("the training data", not frozen)) if has)
+    predicted = set(pipe.labels) | (set() if frozen else set(tr.labels))
+    unseen = sorted((set(dv.labels) | set(dv.wide)) - predicted)
     if unseen:
         msg.warn(f"Labels in the evaluation data but not in {known}, which the component "
                  f"cannot predict: {', '.join(repr(label) for label in unseen)}")
