@@ -415,8 +415,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     def add_label(self, label: str) -> int:
         """Add an entity label; 1 if it is new, 0 if the component has it. A trained component
-        grows its head for it (as spaCy's ``ner``): the existing labels keep their scores,
-        and training further learns the new one."""
+        grows its head for it (as spaCy's ``ner``): the existing labels keep their scores, the
+        new one is not predicted until training meets a gold entity of it, and then learned."""
         check_labels([label], self.name)
         if label in self.labels:
             return 0

@@ -98,6 +98,38 @@ def test_add_label_to_a_trained_component_grows_its_head(trained_nlp, tmp_path):
     assert predicted_set(loaded.pipe(texts)) == predicted_set(nlp.pipe(texts))
 
 
+def _entities_and_scores(docs):
+    return [[(ent.start, ent.end, ent.label_, float(score)) for ent, score in
+             zip(doc.spans["fsemicrf"], doc.spans["fsemicrf"].attrs["scores"])] for doc in docs]
+
+
+def test_a_label_added_to_a_trained_component_is_not_predicted_before_training(
+    trained_nlp, tmp_path
+):
+    """As spaCy's ner: add_label leaves the predictions and their confidences as they were,
+    also saved and loaded, until training meets the label; then it is learned."""
+    nlp = _copy(trained_nlp, tmp_path / "pipeline")
+    data = TRAIN_DATA + NEW_LABEL_DATA
+    texts = [text for text, _ in data]
+    before = _entities_and_scores(nlp.pipe(texts))
+    nlp.get_pipe("fsemicrf_ner").add_label("GADGET")
+    nlp = _copy(nlp, tmp_path / "grown")
+    after = _entities_and_scores(nlp.pipe(texts))
+    assert [[row[:3] for row in doc] for doc in after] == [[row[:3] for row in doc]
+                                                           for doc in before]
+    assert numpy.allclose([row[3] for doc in after for row in doc],
+                          [row[3] for doc in before for row in doc], atol=1e-6)
+    optimizer = nlp.resume_training()  # the config's: weight decay moves every bias
+    old = make_examples(nlp)
+    nlp.update(old, sgd=optimizer, drop=0.0)  # no GADGET: still not predicted
+    assert all(label != "GADGET" for doc in predicted_set(nlp.pipe(texts)) for _, label in doc)
+    examples = old + make_examples(nlp, NEW_LABEL_DATA)
+    spacy.util.fix_random_seed(0)
+    for _ in range(40):
+        nlp.update(examples, sgd=optimizer, drop=0.0)
+    assert predicted_set(nlp.pipe(texts)) == gold_set(nlp, data)
+
+
 def test_update_learns_a_label_new_to_a_trained_component(trained_nlp, tmp_path):
     """As spaCy's ner: training a trained (or sourced) component on data with a new label
     adds it, with an optimizer that has already stepped the head at its old shape, and

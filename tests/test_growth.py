@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from spacy_fsemicrf.structured.growth import label_positions, placed
+from spacy_fsemicrf.structured.growth import UNTRAINED_BIAS, label_positions, placed
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 from spacy_fsemicrf.structured.prediction import DecodeOptions
 
@@ -138,6 +138,88 @@ def test_grown_head_learns_a_new_label(cls, settings):
     with torch.no_grad():
         spans, _ = head(X, lengths)
     assert {tuple(row) for row in spans.tolist()} == {tuple(row) for row in gold.tolist()}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("cls,settings", HEAD_SETTINGS)
+def test_grown_head_predicts_as_before_until_it_trains_on_a_new_label(cls, settings, seed):
+    """As spaCy's ner: a label added to a trained head is not predicted before training meets
+    it (it took spans of the old labels: a quarter of a semi-CRF's entities on CoNLL), and the
+    old labels keep their confidences, mean-field beliefs included."""
+    head = _head(cls, settings, seed)
+    X, lengths = torch.randn(4, 9, D), torch.tensor([9, 6, 2, 1])
+    options = DecodeOptions(path=True, candidates=True)
+    with torch.no_grad():
+        before = head(X, lengths, options=options)
+        best = head.nbest(X, lengths, 3)
+    head.add_labels(2)
+    with torch.no_grad():
+        after = head(X, lengths, options=options)
+        grown_best = head.nbest(X, lengths, 3)
+    assert torch.equal(after.spans, before.spans)
+    assert torch.allclose(after.scores, before.scores, atol=1e-5)
+    assert torch.allclose(after.path, before.path, atol=1e-5)
+    assert torch.equal(after.candidates[0], before.candidates[0])
+    assert torch.allclose(after.candidates[1], before.candidates[1], atol=1e-5)
+    assert [[s.spans for s in d] for d in grown_best] == [[s.spans for s in d] for d in best]
+
+
+def _label_biases(head, label: int):
+    """The biases of ``label``'s outputs: its local and global ones, its segment's, its tags'."""
+    bias = _output_layer(head).bias.detach()
+    if isinstance(head, LinearCRFHead):
+        return bias[head.scheme.labels[: bias.shape[0]] == label]
+    if isinstance(head, FilteredSemiCRFHead):
+        return bias[[label, head.n_labels + 1 + label]]
+    return bias[[label]]
+
+
+def _lowest_trained_biases(head, n_trained: int):
+    """The lowest bias of the trained labels' outputs, in each block of the output layer."""
+    bias = _output_layer(head).bias.detach()
+    if isinstance(head, LinearCRFHead):
+        return bias[1: head.scheme.labels.tolist().index(n_trained + 1)].min().expand(1)
+    if isinstance(head, FilteredSemiCRFHead):
+        C = head.n_labels + 1
+        return torch.stack([bias[1: n_trained + 1].min(), bias[C + 1: C + n_trained + 1].min()])
+    return bias[1: n_trained + 1].min().expand(1)
+
+
+@pytest.mark.parametrize("cls,settings", HEAD_SETTINGS)
+def test_training_on_a_new_label_starts_it_at_the_lowest_bias_of_the_trained(cls, settings):
+    head = _head(cls, settings, 0)
+    with torch.no_grad():  # the lowest of all: the null outputs are no label's to start from
+        _output_layer(head).bias[[0, M + 1] if cls is FilteredSemiCRFHead else [0]] = -50.0
+    head.add_labels(2)
+    lowest = _lowest_trained_biases(head, M)
+    trained = [_label_biases(head, label) for label in range(M + 1)]
+    assert (_label_biases(head, M + 1) == UNTRAINED_BIAS).all()
+    X, lengths = torch.randn(2, 6, D), torch.tensor([6, 5])
+    gold = torch.tensor([[0, 1, 2, M + 1], [0, 4, 4, 1], [1, 0, 0, 2]])
+    head(X, lengths, gold)  # a loss in eval mode (no training) leaves the new label untrained
+    assert (_label_biases(head, M + 1) == UNTRAINED_BIAS).all()
+    head.train()
+    head(X, lengths, gold)
+    new = _label_biases(head, M + 1)
+    assert torch.equal(new, lowest.repeat_interleave(new.numel() // lowest.numel()))
+    assert (_label_biases(head, M + 2) == UNTRAINED_BIAS).all()  # not in the gold: untrained
+    for label in range(M + 1):  # the trained labels' biases stay, those in the gold too
+        assert torch.equal(_label_biases(head, label), trained[label])
+
+
+@pytest.mark.parametrize("cls,settings", HEAD_SETTINGS)
+def test_a_new_label_whose_bias_weight_decay_moved_still_starts_training(cls, settings):
+    """Training steps before the gold has the new label shrink its bias (weight decay): it is
+    still the bias of a label not trained yet."""
+    head = _head(cls, settings, 0)
+    head.add_labels(1)
+    lowest = _lowest_trained_biases(head, M)
+    with torch.no_grad():
+        _output_layer(head).bias.mul_(1 - 1e-3)
+    head.train()
+    head(torch.randn(1, 4, D), torch.tensor([4]), torch.tensor([[0, 1, 1, M + 1]]))
+    new = _label_biases(head, M + 1)
+    assert torch.allclose(new, lowest.repeat_interleave(new.numel() // lowest.numel()) * (1 - 1e-3))
 
 
 def test_linear_crf_growth_adds_the_new_labels_tags_after_the_old_ones():

@@ -4,8 +4,13 @@ A head's label-shaped weights (output rows, transitions, mean-field compatibilit
 to the positions their labels take in the larger head; what the new labels add starts at zero,
 so every existing label keeps its scores. spaCy's ``ner`` grows its output layer the same way
 when a resumed pipeline meets a new label.
+
+A new label's outputs hold the bias :data:`UNTRAINED_BIAS` until the head first trains on a gold
+entity of it (:func:`wake_outputs`): until then the label scores far below every trained one and
+the grown head predicts as before (spaCy's ``ner`` masks a new label's actions until it has seen
+it in training). The bias is the state itself, so a grown pipeline saved before training keeps it.
 """
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -54,6 +59,41 @@ def grow_linear(layer: nn.Linear, index: Sequence[int], size: int,
             raise ValueError(f"new_bias must give {len(fresh)} values, got {new_bias.numel()}")
         with torch.no_grad():
             layer.bias[fresh] = new_bias.to(layer.bias)
+
+
+UNTRAINED_BIAS = -1e4
+"""The bias of a new label's outputs until the head trains on it: far below any trained bias,
+and within float16's range (mixed precision)."""
+
+
+def untrained(bias: torch.Tensor) -> torch.Tensor:
+    """Which entries of ``bias`` belong to a new label the head has not trained on yet."""
+    return bias <= UNTRAINED_BIAS / 2
+
+
+def labels_to_wake(layer: nn.Linear, gold: torch.Tensor, n_labels: int) -> List[int]:
+    """The labels ``1..n_labels`` of the ``gold`` rows ``(doc, start, end, label)``, if
+    ``layer`` has untrained outputs (else none, without reading ``gold``)."""
+    if layer.bias is None or not bool(untrained(layer.bias.detach()).any()):
+        return []
+    if gold.dim() != 2 or gold.shape[-1] != 4:  # (the head's checks say what is wrong)
+        return []
+    return [int(label) for label in gold[:, 3].unique().tolist() if 1 <= label <= n_labels]
+
+
+def wake_outputs(layer: nn.Linear, entity_outputs: Sequence[int], woken: Sequence[int]) -> None:
+    """Give the untrained outputs among ``woken`` of ``layer`` (those of labels the head now
+    trains on) the lowest bias of the trained outputs among ``entity_outputs`` (0 if there are
+    none); their weights stay as they are."""
+    if not len(woken):
+        return
+    with torch.no_grad():
+        bias = layer.bias
+        outputs = torch.as_tensor(list(entity_outputs), dtype=torch.long, device=bias.device)
+        trained = bias[outputs][~untrained(bias[outputs])]
+        start = trained.min() if trained.numel() else bias.new_zeros(())
+        at = torch.as_tensor(list(woken), dtype=torch.long, device=bias.device)
+        bias[at] = torch.where(untrained(bias[at]), start, bias[at])
 
 
 def label_positions(n_old: int, n_new: int, n_after: int = 0) -> list:

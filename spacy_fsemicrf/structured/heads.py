@@ -41,7 +41,9 @@ from .confidences import (
 )
 from .constrained import crf_constrained, filtered_constrained, semicrf_constrained
 from .context import TokenContext, WordPool
-from .growth import grow_linear, grow_parameter, label_positions
+from .growth import (
+    UNTRAINED_BIAS, grow_linear, grow_parameter, label_positions, labels_to_wake, wake_outputs,
+)
 from .linear_crf import (
     consistent_emissions,
     crf_log_partition,
@@ -420,6 +422,8 @@ class FilteredSemiCRFHead(nn.Module):
         only) the annotation is partial: the loss learns every path consistent with it, and
         ``incorrect`` rows (as ``gold``; training only) are entities known to be wrong there
         (spaCy's ``incorrect_spans_key``): no consistent path holds one."""
+        if gold is not None and self.training:
+            self._wake_labels(gold)
         tokens, local, glob = self._encode(X, lengths, words, predicting=gold is None)
         if gold is not None:
             return self.loss(local, glob, lengths, gold, tokens, known, incorrect)
@@ -670,19 +674,28 @@ class FilteredSemiCRFHead(nn.Module):
 
     def add_labels(self, n: int) -> None:
         """Grow the head by ``n`` entity labels, numbered after the existing ones
-        (:mod:`.growth`): the existing labels keep their scores; a new label's local and
-        global scores start at the lowest bias of the existing labels, its other weights at
-        zero (with mean-field layers, its global score enters the beliefs they refine)."""
+        (:mod:`.growth`): the existing labels keep their scores; a new label's weights start at
+        zero and its local and global biases at :data:`~.growth.UNTRAINED_BIAS` (the head
+        predicts as before), until training meets a gold entity of it: then at the lowest
+        bias of the trained labels (:meth:`_wake_labels`)."""
         check_integer("n", n, 1)
         C, grown = self.n_labels + 1, self.n_labels + 1 + n
         output = self.scorer.output
-        bias = output.bias.detach()
-        new_bias = torch.cat([bias[1:C].min().expand(n), bias[C + 1:].min().expand(n)])
+        new_bias = output.bias.detach().new_full((2 * n,), UNTRAINED_BIAS)
         grow_linear(output, list(range(C)) + [grown + c for c in range(C)], 2 * grown, new_bias)
         grow_parameter(self, "transitions", label_positions(C + 1, n, 1), grown + 1, dims=2)
         for layer in [] if self.refiner is None else self.refiner.layers:
             grow_parameter(layer, "compatibility", list(range(C)), grown, dims=2)
         self.n_labels += n
+
+    def _wake_labels(self, gold: torch.Tensor) -> None:
+        """The untrained labels of the ``gold`` rows start training: their local and global
+        biases become the lowest of the trained labels' (:func:`~.growth.wake_outputs`)."""
+        output = self.scorer.output
+        labels = labels_to_wake(output, gold, self.n_labels)
+        C = self.n_labels + 1
+        wake_outputs(output, range(1, C), labels)
+        wake_outputs(output, range(C + 1, 2 * C), [C + label for label in labels])
 
 
 class SemiCRFHead(nn.Module):
@@ -752,6 +765,8 @@ class SemiCRFHead(nn.Module):
         """As :meth:`FilteredSemiCRFHead.forward`, without a filter margin; with ``known``
         the gold score is the log-sum over the segmentations consistent with the annotation
         (:func:`semicrf_consistent_score`), none holding an ``incorrect`` entity."""
+        if gold is not None and self.training:
+            self._wake_labels(gold)
         scores = self.span_scores(X, lengths, words)
         T = None if self.transitions is None else wide(self.transitions)
         if gold is not None:
@@ -811,16 +826,24 @@ class SemiCRFHead(nn.Module):
 
     def add_labels(self, n: int) -> None:
         """Grow the head by ``n`` entity labels, numbered after the existing ones
-        (:mod:`.growth`): the existing labels keep their scores; a new label's segment score
-        starts at the lowest bias of the existing labels, its other weights at zero."""
+        (:mod:`.growth`): the existing labels keep their scores; a new label's weights start at
+        zero and its bias at :data:`~.growth.UNTRAINED_BIAS` (the head predicts as before),
+        until training meets a gold entity of it: then at the lowest bias of the trained
+        labels (:meth:`_wake_labels`)."""
         check_integer("n", n, 1)
         C, grown = self.n_labels + 1, self.n_labels + 1 + n
         output = self.scorer.output
-        bias = output.bias.detach()
-        lowest = bias[1:C].min() if C > 1 else bias.new_zeros(())
-        grow_linear(output, list(range(C)), grown, lowest.expand(n))
+        new_bias = output.bias.detach().new_full((n,), UNTRAINED_BIAS)
+        grow_linear(output, list(range(C)), grown, new_bias)
         grow_parameter(self, "transitions", label_positions(C + 1, n, 1), grown + 1, dims=2)
         self.n_labels += n
+
+    def _wake_labels(self, gold: torch.Tensor) -> None:
+        """The untrained labels of the ``gold`` rows start training: their biases become the
+        lowest of the trained labels' (:func:`~.growth.wake_outputs`)."""
+        output = self.scorer.output
+        labels = labels_to_wake(output, gold, self.n_labels)
+        wake_outputs(output, range(1, self.n_labels + 1), labels)
 
 
 def semicrf_consistent_score(
@@ -944,6 +967,8 @@ class LinearCRFHead(nn.Module):
         if incorrect is not None and incorrect.numel():
             raise ValueError("the linear CRF head cannot learn from incorrect spans (entities "
                              "known to be wrong): use a span head (FilteredSemiCRF, SemiCRF)")
+        if gold is not None and self.training:
+            self._wake_labels(gold)
         emissions = self.emissions(X, lengths, words)
         T = wide(self.transitions)
         allowed = self.allowed.to(emissions.device)
@@ -1017,19 +1042,29 @@ class LinearCRFHead(nn.Module):
     def add_labels(self, n: int) -> None:
         """Grow the head by ``n`` entity labels, numbered after the existing ones
         (:mod:`.growth`; their tags come after the existing tags): the existing tags keep
-        their scores and transitions; a new tag's emission starts at the lowest bias of the
-        existing entity tags, its other weights and transitions at zero."""
+        their scores and transitions; a new tag's weights and transitions start at zero and
+        its emission bias at :data:`~.growth.UNTRAINED_BIAS` (the head predicts as before),
+        until training meets a gold entity of its label: then at the lowest bias of the
+        trained entity tags (:meth:`_wake_labels`)."""
         check_integer("n", n, 1)
         old, scheme = self.scheme.n_tags, tag_scheme(self.n_labels + n, self.scheme.scheme)
         output = self.emitter[-1]
-        bias = output.bias.detach()
-        lowest = bias[1:old].min() if old > 1 else bias.new_zeros(())
-        grow_linear(output, list(range(old)), scheme.n_tags, lowest.expand(scheme.n_tags - old))
+        new_bias = output.bias.detach().new_full((scheme.n_tags - old,), UNTRAINED_BIAS)
+        grow_linear(output, list(range(old)), scheme.n_tags, new_bias)
         grow_parameter(self, "transitions", label_positions(old + 1, scheme.n_tags - old, 1),
                        scheme.n_tags + 1, dims=2)
         self.scheme = scheme
         self.allowed = scheme.allowed.to(self.allowed.device)
         self.n_labels += n
+
+    def _wake_labels(self, gold: torch.Tensor) -> None:
+        """The untrained labels of the ``gold`` rows start training: the biases of their tags
+        become the lowest of the trained entity tags' (:func:`~.growth.wake_outputs`)."""
+        output = self.emitter[-1]
+        labels = labels_to_wake(output, gold, self.n_labels)
+        if labels:
+            tags = [t for t, label in enumerate(self.scheme.labels.tolist()) if label in labels]
+            wake_outputs(output, range(1, self.scheme.n_tags), tags)
 
 
 HEADS = {
