@@ -151,6 +151,13 @@ def test_update_learns_a_label_new_to_a_trained_component(trained_nlp, tmp_path)
     assert {label for doc in averaged for _, label in doc} <= {*LABELS, "GADGET"}
 
 
+def test_update_adds_the_new_labels_of_a_batch_in_sorted_order(trained_nlp, tmp_path):
+    nlp = _copy(trained_nlp, tmp_path / "pipeline")
+    data = [("I gave Bingo some Yummies .", [(7, 12, "PET"), (18, 25, "FOOD")])]
+    nlp.update(make_examples(nlp, data))
+    assert nlp.get_pipe("fsemicrf_ner").labels == (*LABELS, "FOOD", "PET")
+
+
 def test_a_label_left_out_of_initialize_is_added_by_update():
     nlp = spacy.blank("en")
     ner = nlp.add_pipe("fsemicrf_ner")

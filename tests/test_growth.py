@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from spacy_fsemicrf.structured.growth import UNTRAINED_BIAS, label_positions, placed
+from spacy_fsemicrf.structured.growth import (
+    UNTRAINED_BIAS, grow_linear, grow_parameter, label_positions, placed,
+)
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 from spacy_fsemicrf.structured.prediction import DecodeOptions
 
@@ -65,6 +67,32 @@ def test_placed_puts_each_entry_at_its_index():
         placed(old, [0, 0, 1], 6)
     with pytest.raises(ValueError):
         placed(old, [0, 1, 6], 6)
+    with pytest.raises(ValueError):  # (torch would count it from the end)
+        placed(old, [-1, 0, 1], 6)
+    with pytest.raises(ValueError):  # one position for each entry
+        placed(old, [0, 1], 6)
+    with pytest.raises(ValueError):
+        placed(square, [0, 1, 4], 5, dims=3)
+
+
+def test_grow_linear_puts_the_new_biases_in_order_and_counts_them():
+    layer = torch.nn.Linear(2, 3)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    grow_linear(layer, [0, 2, 4], 6, torch.tensor([7.0, 8.0, 9.0]))
+    assert layer.out_features == 6 and layer(torch.zeros(1, 2)).shape == (1, 6)
+    assert torch.equal(layer.bias.detach()[[0, 2, 4]], bias)
+    assert torch.equal(layer.bias.detach()[[1, 3, 5]], torch.tensor([7.0, 8.0, 9.0]))
+    assert torch.equal(layer.weight.detach()[[0, 2, 4]], weight)
+    assert not layer.weight.detach()[[1, 3, 5]].any()
+    with pytest.raises(ValueError, match="new_bias must give 2 values"):
+        grow_linear(torch.nn.Linear(2, 3), [0, 1, 2], 5, torch.tensor([1.0]))
+
+
+def test_grow_parameter_keeps_a_frozen_parameter_frozen():
+    module = torch.nn.Module()
+    module.table = torch.nn.Parameter(torch.ones(2, 2), requires_grad=False)
+    grow_parameter(module, "table", [0, 1], 3, dims=2)
+    assert module.table.shape == (3, 3) and not module.table.requires_grad
 
 
 def test_label_positions_keep_start_and_end_last():
