@@ -595,6 +595,13 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         ``ner`` does in training): a component sourced from a trained pipeline learns a new
         entity type from data that has it (:meth:`add_label`)."""
         found = {ent.label_ for eg in examples for ent in eg.reference.ents}
+        blank = sorted(label for label in found if not label.strip())
+        if blank:  # (add_label's refusal would not say where the label comes from)
+            raise ValueError(
+                f"[{self.name}] the training examples have gold entities with the label "
+                f"{blank[0]!r}: every label must be a non-empty string, not whitespace only. "
+                f"Fix the labels in the training data."
+            )
         for label in sorted(found - set(self.labels)):
             self.add_label(label)
 

@@ -158,6 +158,17 @@ def test_update_adds_the_new_labels_of_a_batch_in_sorted_order(trained_nlp, tmp_
     assert nlp.get_pipe("fsemicrf_ner").labels == (*LABELS, "FOOD", "PET")
 
 
+def test_a_whitespace_label_met_in_update_is_named_as_the_training_datas(trained_nlp, tmp_path):
+    nlp = _copy(trained_nlp, tmp_path / "pipeline")
+    doc = nlp.make_doc("Ana lives in Lisbon .")
+    ref = doc.copy()
+    ref.ents = [Span(ref, 0, 1, label=" "), Span(ref, 3, 4, label="LOC")]
+    with pytest.raises(ValueError, match=r"^\[fsemicrf_ner\] the training examples have gold "
+                                         r"entities with the label ' ': every label"):
+        nlp.update([Example(doc, ref)])
+    assert nlp.get_pipe("fsemicrf_ner").labels == tuple(LABELS)
+
+
 def test_a_label_left_out_of_initialize_is_added_by_update():
     nlp = spacy.blank("en")
     ner = nlp.add_pipe("fsemicrf_ner")
