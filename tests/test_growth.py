@@ -95,6 +95,21 @@ def test_grow_parameter_keeps_a_frozen_parameter_frozen():
     assert module.table.shape == (3, 3) and not module.table.requires_grad
 
 
+@pytest.mark.parametrize("cls,settings", HEAD_SETTINGS)
+def test_growth_keeps_the_gradient_accumulated_before(cls, settings):
+    """spacy train's accumulate_gradient: the gradient of the updates before the one that
+    meets a new label still counts in the step after them."""
+    head = _head(cls, settings, 0).train()
+    X, lengths = torch.randn(2, 6, D), torch.tensor([6, 5])
+    head(X, lengths, torch.tensor([[0, 1, 2, 1], [1, 0, 0, 2]])).backward()
+    grads = {name: param.grad.clone() for name, param in head.named_parameters()}
+    head.add_labels(2)
+    for name, param in head.named_parameters():
+        assert param.grad is not None and param.grad.shape == param.shape, name
+        assert torch.allclose(param.grad.sum(), grads[name].sum(), atol=1e-5), name
+        assert torch.allclose(param.grad.abs().sum(), grads[name].abs().sum()), name
+
+
 def test_label_positions_keep_start_and_end_last():
     assert label_positions(4, 2) == [0, 1, 2, 3]
     assert label_positions(5, 2, 1) == [0, 1, 2, 3, 6]

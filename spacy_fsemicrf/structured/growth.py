@@ -38,12 +38,15 @@ def placed(old: torch.Tensor, index: Sequence[int], size: int, dims: int = 1) ->
 def grow_parameter(module: nn.Module, name: str, index: Sequence[int], size: int,
                    dims: int = 1) -> None:
     """Replace ``module``'s parameter ``name`` by :func:`placed` of it (its gradient flag
-    kept); a parameter that is None stays None."""
+    kept, and the gradient accumulated so far placed alike: spaCy's ``accumulate_gradient``
+    steps once after several updates); a parameter that is None stays None."""
     old: Optional[nn.Parameter] = getattr(module, name)
     if old is None:
         return
-    grown = placed(old.detach(), index, size, dims)
-    setattr(module, name, nn.Parameter(grown, requires_grad=old.requires_grad))
+    grown = nn.Parameter(placed(old.detach(), index, size, dims), requires_grad=old.requires_grad)
+    if old.grad is not None:
+        grown.grad = placed(old.grad, index, size, dims)
+    setattr(module, name, grown)
 
 
 def grow_linear(layer: nn.Linear, index: Sequence[int], size: int,
