@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import spacy
+from spacy import util
 from spacy.tokens import Doc, DocBin, Span
 from spacy.training import Example
 
@@ -71,22 +72,28 @@ def corpora(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def sourced(tmp_path_factory):
-    """A config whose components are sourced from a pipeline trained with the labels FOO and
-    PER (initialized only: spacy train reads its labels, not its weights)."""
-    from spacy import util
-
-    folder = tmp_path_factory.mktemp("sourced")
-    config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
+def sourced_config(config, folder: Path) -> Path:
+    """A config whose tok2vec and fsemicrf_ner are sourced from a pipeline of ``config``
+    initialized on one document (labels PER and FOO), both written into ``folder``."""
     nlp = util.load_model_from_config(config, auto_fill=True)
     nlp.initialize(lambda: [Example(nlp.make_doc("Ann met Bob"), doc(
         nlp.vocab, ["Ann", "met", "Bob"], ["B-PER", "O", "B-FOO"]))])
     nlp.to_disk(folder / "trained")
+    sourced = config.copy()
     for name in ("tok2vec", "fsemicrf_ner"):
-        config["components"][name] = {"source": str(folder / "trained")}
-    config.to_disk(folder / "sourced.cfg")
+        sourced["components"][name] = {"source": str(folder / "trained")}
+    sourced.to_disk(folder / "sourced.cfg")
     return folder / "sourced.cfg"
+
+
+@pytest.fixture(scope="module")
+def sourced(tmp_path_factory):
+    """A config whose components are sourced from a pipeline trained with the labels FOO and
+    PER (initialized only: spacy train reads its labels, not its weights)."""
+
+    folder = tmp_path_factory.mktemp("sourced")
+    config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
+    return sourced_config(config, folder)
 
 
 def run(config, corpora, capsys, *extra, train="train.spacy", dev="dev.spacy"):
@@ -177,7 +184,6 @@ def test_unreadable_corpus_and_config(corpora, capsys, tmp_path):
         run("fsemicrf_cnn.cfg", corpora, capsys, train="missing.spacy")
     assert err.value.code == 1
     assert "cannot read the corpus corpora.train" in capsys.readouterr().err
-    from spacy import util
 
     config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
     del config["corpora"]
@@ -221,7 +227,6 @@ def test_entities_known_to_be_wrong_are_read_with_the_labels_the_component_train
     """The rejected "Paris" is a FOO and a PER, and the training entities are PERs only: FOO is
     read where the component has it, from [initialize.components] or from the trained pipeline
     it is sourced from (spacy train does not initialize it again), as its training reads it."""
-    from spacy import util
 
     config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
     config["components"]["fsemicrf_ner"]["incorrect_spans_key"] = "incorrect_spans"
@@ -232,14 +237,7 @@ def test_entities_known_to_be_wrong_are_read_with_the_labels_the_component_train
     assert ("2 training spans in doc.spans['incorrect_spans'], entities known to be wrong: 2 "
             "read, 0 left out") in out
     del config["initialize"]["components"]["fsemicrf_ner"]
-    nlp = util.load_model_from_config(config, auto_fill=True)
-    nlp.initialize(lambda: [Example(nlp.make_doc("Ann met Bob"), doc(
-        nlp.vocab, ["Ann", "met", "Bob"], ["B-PER", "O", "B-FOO"]))])
-    nlp.to_disk(tmp_path / "trained")
-    for name in ("tok2vec", "fsemicrf_ner"):
-        config["components"][name] = {"source": str(tmp_path / "trained")}
-    config.to_disk(tmp_path / "sourced.cfg")
-    status, out = run(tmp_path / "sourced.cfg", corpora, capsys, train="rejected.spacy")
+    status, out = run(sourced_config(config, tmp_path), corpora, capsys, train="rejected.spacy")
     assert status == 0
     assert "entities known to be wrong: 2 read, 0 left out" in out
 
@@ -262,7 +260,6 @@ def test_training_labels_the_component_does_not_have_are_added(corpora, sourced,
     """Training adds a label new to the component (as spaCy's ner): to a sourced one (FOO, PER:
     the training ORG is new) and to one given [initialize.components] labels; a frozen
     component is not trained, so it predicts only its own labels."""
-    from spacy import util
 
     status, out = run(sourced, corpora, capsys)
     assert status == 0
@@ -310,7 +307,6 @@ def test_evaluation_docs_with_entities_known_to_be_wrong_only_are_not_annotated(
 
 
 def test_a_pipeline_without_the_component_fails(corpora, capsys, tmp_path):
-    from spacy import util
 
     config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
     config["nlp"]["pipeline"] = ["tok2vec"]
@@ -322,7 +318,6 @@ def test_a_pipeline_without_the_component_fails(corpora, capsys, tmp_path):
 
 
 def test_code_registers_the_configs_functions(corpora, capsys, tmp_path):
-    from spacy import util
 
     code = tmp_path / "functions.py"
     code.write_text(
