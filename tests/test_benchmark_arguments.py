@@ -1,5 +1,6 @@
 """Command lines of the benchmarks without a test file of their own (profile_predict.py,
-check_predictions.py, head_ab.py, cores.py, gpu_check.py): bad arguments are argparse's one-line
+check_predictions.py, head_ab.py, cores.py, gpu_check.py,
+compiled_scorer.py): bad arguments are argparse's one-line
 error, exit status 2, before any pipeline loads; documents cut to a length are that long."""
 import importlib.util
 import json
@@ -377,3 +378,9 @@ def test_incorrect_spans_marks_the_wrong_suggestions_of_unannotated_sentences(
     with pytest.raises(SystemExit):
         script.main(["--corpus", str(tmp_path / "none.spacy"), "--gold", "x", "--model", "y",
                      "--output", "z"])
+
+
+def test_compiled_scorer_refuses_a_round_count_below_one(capsys):
+    compiled_scorer = load("compiled_scorer")
+    err = refused(compiled_scorer.main, ["--rounds", "0"], capsys)
+    assert "argument --rounds: must be at least 1, got 0" in err
