@@ -295,3 +295,34 @@ def test_incorrect_spans_on_cuda_match_cpu(name, settings):
         assert loss_gpu.device.type == "cuda"
         assert torch.allclose(loss_cpu, loss_gpu.cpu(), rtol=1e-4, atol=1e-4)
         assert torch.allclose(X_cpu.grad, X_gpu.grad.cpu(), atol=1e-4)
+
+
+@pytest.mark.parametrize("name, settings", [("FilteredSemiCRF", {"transitions": True}),
+                                            ("SemiCRF", {}), ("LinearCRF", {})])
+def test_growing_a_head_on_cuda_matches_cpu(name, settings):
+    """A head grown on the device: its new weights stay there, it decodes as the CPU's grown
+    head, and a training step with a gold entity of the new label wakes it as on the CPU."""
+    torch.manual_seed(0)
+    cpu = HEADS[name](8, 3, max_width=3, hidden_width=16, dropout=0.0, **settings)
+    gpu = HEADS[name](8, 3, max_width=3, hidden_width=16, dropout=0.0, **settings)
+    gpu.load_state_dict(cpu.state_dict())
+    gpu.cuda()
+    for head in (cpu, gpu):
+        head.add_labels(2)
+    assert all(p.device.type == "cuda" for p in gpu.parameters())
+    X, lengths = torch.randn(2, 9, 8), torch.tensor([9, 5])
+    gold = torch.tensor([[0, 1, 2, 4], [1, 0, 0, 1]])
+    for head in (cpu, gpu):
+        head.eval()
+    with torch.no_grad():
+        spans, scores = cpu(X, lengths)
+        spans_gpu, scores_gpu = gpu(X.cuda(), lengths.cuda())
+    assert torch.equal(spans, spans_gpu.cpu())
+    assert torch.allclose(scores, scores_gpu.cpu(), atol=1e-5)
+    for head in (cpu, gpu):
+        head.train()
+    loss = cpu(X, lengths, gold)
+    loss_gpu = gpu(X.cuda(), lengths.cuda(), gold.cuda())
+    assert torch.allclose(loss, loss_gpu.cpu(), rtol=1e-4, atol=1e-4)
+    for a, b in zip(cpu.state_dict().values(), gpu.state_dict().values()):
+        assert torch.allclose(a, b.cpu(), atol=1e-6)
