@@ -100,7 +100,13 @@ class HeadShim(PyTorchShim):
         return None if owner is None else getattr(owner, attr)
 
     def begin_update(self, inputs: ArgsKwargs):
+        wakes = getattr(self._model, "label_wakes", 0)
         output, backprop = super().begin_update(inputs)
+        if getattr(self._model, "label_wakes", 0) != wakes:
+            # a label added to the trained head met its first gold entity: the averages of its
+            # silent steps (its bias far below the others) would keep it silent for hundreds
+            # of steps in an averaged model (spacy train's evaluation and model-best)
+            fresh_optimizer_state(self)
         if not self._grad_scaler._enabled:
             return output, backprop
 
@@ -250,7 +256,12 @@ def grow_head(head_model: Model, n: int) -> None:
     head.add_labels(int(n))
     head.fsemicrf_spec["n_labels"] = head.n_labels
     head_model.set_dim("nO", head.n_labels, force=True)
-    shim = head_model.shims[0]
+    fresh_optimizer_state(head_model.shims[0])
+
+
+def fresh_optimizer_state(shim: PyTorchShim) -> None:
+    """Give ``shim`` a new id: Thinc's optimizer keys its state (Adam's moments, the parameter
+    averages) by shim id and parameter name, so every parameter of the head starts afresh."""
     with Shim.global_id_lock:  # (as Thinc numbers its shims)
         Shim.global_id += 1
         shim.id = Shim.global_id

@@ -151,6 +151,26 @@ def test_update_learns_a_label_new_to_a_trained_component(trained_nlp, tmp_path)
     assert {label for doc in averaged for _, label in doc} <= {*LABELS, "GADGET"}
 
 
+def test_averages_of_a_label_added_long_before_its_first_entity_predict_it(trained_nlp, tmp_path):
+    """add_label, then many steps whose gold has no entity of the label (its bias stays far
+    below the others), then steps with it: the parameter averages start afresh when it wakes,
+    so an averaged model (spacy train's evaluation and model-best) predicts it too (the
+    averages of the silent steps kept it silent, and the wrong labels took its entities)."""
+    nlp = _copy(trained_nlp, tmp_path / "pipeline")
+    optimizer = nlp.resume_training(sgd=Adam(0.001, use_averages=True))
+    nlp.get_pipe("fsemicrf_ner").add_label("GADGET")
+    old = make_examples(nlp)
+    for _ in range(120):
+        nlp.update(old, sgd=optimizer, drop=0.0)
+    examples = old + make_examples(nlp, NEW_LABEL_DATA)
+    for _ in range(60):
+        nlp.update(examples, sgd=optimizer, drop=0.0)
+    texts = [text for text, _ in NEW_LABEL_DATA]
+    assert predicted_set(nlp.pipe(texts)) == gold_set(nlp, NEW_LABEL_DATA)
+    with nlp.use_params(optimizer.averages):
+        assert predicted_set(nlp.pipe(texts)) == gold_set(nlp, NEW_LABEL_DATA)
+
+
 def test_update_adds_the_new_labels_of_a_batch_in_sorted_order(trained_nlp, tmp_path):
     nlp = _copy(trained_nlp, tmp_path / "pipeline")
     data = [("I gave Bingo some Yummies .", [(7, 12, "PET"), (18, 25, "FOOD")])]

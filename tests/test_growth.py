@@ -240,11 +240,14 @@ def test_training_on_a_new_label_starts_it_at_the_lowest_bias_of_the_trained(cls
     X, lengths = torch.randn(2, 6, D), torch.tensor([6, 5])
     gold = torch.tensor([[0, 1, 2, M + 1], [0, 4, 4, 1], [1, 0, 0, 2]])
     head(X, lengths, gold)  # a loss in eval mode (no training) leaves the new label untrained
-    assert (_label_biases(head, M + 1) == UNTRAINED_BIAS).all()
+    assert (_label_biases(head, M + 1) == UNTRAINED_BIAS).all() and head.label_wakes == 0
     head.train()
     head(X, lengths, gold)
     new = _label_biases(head, M + 1)
     assert torch.equal(new, lowest.repeat_interleave(new.numel() // lowest.numel()))
+    assert head.label_wakes == new.numel()  # each output woken counted once
+    head(X, lengths, gold)
+    assert head.label_wakes == new.numel()
     assert (_label_biases(head, M + 2) == UNTRAINED_BIAS).all()  # not in the gold: untrained
     for label in range(M + 1):  # the trained labels' biases stay, those in the gold too
         assert torch.equal(_label_biases(head, label), trained[label])

@@ -84,19 +84,21 @@ def labels_to_wake(layer: nn.Linear, gold: torch.Tensor, n_labels: int) -> List[
     return [int(label) for label in gold[:, 3].unique().tolist() if 1 <= label <= n_labels]
 
 
-def wake_outputs(layer: nn.Linear, entity_outputs: Sequence[int], woken: Sequence[int]) -> None:
+def wake_outputs(layer: nn.Linear, entity_outputs: Sequence[int], woken: Sequence[int]) -> int:
     """Give the untrained outputs among ``woken`` of ``layer`` (those of labels the head now
     trains on) the lowest bias of the trained outputs among ``entity_outputs`` (0 if there are
-    none); their weights stay as they are."""
+    none); their weights stay as they are. Returns how many outputs it woke."""
     if not len(woken):
-        return
+        return 0
     with torch.no_grad():
         bias = layer.bias
         outputs = torch.as_tensor(list(entity_outputs), dtype=torch.long, device=bias.device)
         trained = bias[outputs][~untrained(bias[outputs])]
         start = trained.min() if trained.numel() else bias.new_zeros(())
         at = torch.as_tensor(list(woken), dtype=torch.long, device=bias.device)
-        bias[at] = torch.where(untrained(bias[at]), start, bias[at])
+        asleep = untrained(bias[at])
+        bias[at] = torch.where(asleep, start, bias[at])
+    return int(asleep.sum())
 
 
 def label_positions(n_old: int, n_new: int, n_after: int = 0) -> list:

@@ -337,6 +337,9 @@ class FilteredSemiCRFHead(nn.Module):
         if not 0.0 <= boundary_smoothing < 1.0:
             raise ValueError(f"boundary_smoothing must be in [0, 1), got {boundary_smoothing}")
         self.n_labels = n_labels
+        # outputs of labels added by add_labels that training has woken so far (an optimizer
+        # with state per parameter may start that state afresh when it grows)
+        self.label_wakes = 0
         self.max_width = max_width
         self.null_weight = null_weight
         self.boundary_smoothing = boundary_smoothing
@@ -694,8 +697,8 @@ class FilteredSemiCRFHead(nn.Module):
         output = self.scorer.output
         labels = labels_to_wake(output, gold, self.n_labels)
         C = self.n_labels + 1
-        wake_outputs(output, range(1, C), labels)
-        wake_outputs(output, range(C + 1, 2 * C), [C + label for label in labels])
+        self.label_wakes += wake_outputs(output, range(1, C), labels) + wake_outputs(
+            output, range(C + 1, 2 * C), [C + label for label in labels])
 
 
 class SemiCRFHead(nn.Module):
@@ -728,6 +731,9 @@ class SemiCRFHead(nn.Module):
         # (0 is a head of null segments only, as the linear CRF's O tags)
         check_integer("n_labels", n_labels, 0)
         self.n_labels = n_labels
+        # outputs of labels added by add_labels that training has woken so far (an optimizer
+        # with state per parameter may start that state afresh when it grows)
+        self.label_wakes = 0
         self.max_width = max_width
         C = n_labels + 1
         self.context = TokenContext(input_width, context_depth)
@@ -843,7 +849,7 @@ class SemiCRFHead(nn.Module):
         lowest of the trained labels' (:func:`~.growth.wake_outputs`)."""
         output = self.scorer.output
         labels = labels_to_wake(output, gold, self.n_labels)
-        wake_outputs(output, range(1, self.n_labels + 1), labels)
+        self.label_wakes += wake_outputs(output, range(1, self.n_labels + 1), labels)
 
 
 def semicrf_consistent_score(
@@ -926,6 +932,9 @@ class LinearCRFHead(nn.Module):
         _check_head_settings(input_width, max_width, hidden_width, dropout,
                              word_pool=word_pool)
         self.n_labels = n_labels
+        # outputs of labels added by add_labels that training has woken so far (an optimizer
+        # with state per parameter may start that state afresh when it grows)
+        self.label_wakes = 0
         self.max_width = max_width
         self.scheme = tag_scheme(n_labels, scheme)
         n_tags = self.scheme.n_tags
@@ -1064,7 +1073,7 @@ class LinearCRFHead(nn.Module):
         labels = labels_to_wake(output, gold, self.n_labels)
         if labels:
             tags = [t for t, label in enumerate(self.scheme.labels.tolist()) if label in labels]
-            wake_outputs(output, range(1, self.scheme.n_tags), tags)
+            self.label_wakes += wake_outputs(output, range(1, self.scheme.n_tags), tags)
 
 
 HEADS = {
