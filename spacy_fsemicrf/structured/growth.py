@@ -108,3 +108,29 @@ def label_positions(n_old: int, n_new: int, n_after: int = 0) -> list:
     kept = n_old - n_after
     return list(range(kept)) + [kept + n_new + i for i in range(n_after)]
 
+
+def grow_outputs(layer: nn.Linear, width: int, n: int, blocks: int = 1) -> None:
+    """Give ``layer``, whose outputs are ``blocks`` blocks of ``width`` label channels (channel
+    0 of each the null label or the O tag), ``n`` more channels at the end of each block: zero
+    weights and the bias :data:`UNTRAINED_BIAS`."""
+    grown = width + n
+    index = [block * grown + c for block in range(blocks) for c in range(width)]
+    new_bias = layer.bias.detach().new_full((blocks * n,), UNTRAINED_BIAS)
+    grow_linear(layer, index, blocks * grown, new_bias)
+
+
+def grow_transitions(module: nn.Module, n_states: int, n: int) -> None:
+    """Give ``module.transitions`` (``[n_states + 1, n_states + 1]``, START and END last, or
+    None) ``n`` more states before START and END, with zero transitions."""
+    grow_parameter(module, "transitions", label_positions(n_states + 1, n, 1),
+                   n_states + n + 1, dims=2)
+
+
+def wake_channels(layer: nn.Linear, width: int, channels: Sequence[int], blocks: int = 1) -> int:
+    """:func:`wake_outputs` of ``channels`` in each of the ``blocks`` blocks of ``width``
+    outputs of ``layer`` (laid out as :func:`grow_outputs` says), each at the lowest bias of its
+    block's trained channels ``1..width - 1``; returns how many outputs it woke."""
+    return sum(
+        wake_outputs(layer, range(start + 1, start + width), [start + c for c in channels])
+        for start in range(0, blocks * width, width)
+    )

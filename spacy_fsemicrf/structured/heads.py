@@ -41,9 +41,7 @@ from .confidences import (
 )
 from .constrained import crf_constrained, filtered_constrained, semicrf_constrained
 from .context import TokenContext, WordPool
-from .growth import (
-    UNTRAINED_BIAS, grow_linear, grow_parameter, label_positions, labels_to_wake, wake_outputs,
-)
+from .growth import grow_outputs, grow_parameter, grow_transitions, labels_to_wake, wake_channels
 from .linear_crf import (
     consistent_emissions,
     crf_log_partition,
@@ -682,13 +680,11 @@ class FilteredSemiCRFHead(nn.Module):
         predicts as before), until training meets a gold entity of it: then at the lowest
         bias of the trained labels (:meth:`_wake_labels`)."""
         check_integer("n", n, 1)
-        C, grown = self.n_labels + 1, self.n_labels + 1 + n
-        output = self.scorer.output
-        new_bias = output.bias.detach().new_full((2 * n,), UNTRAINED_BIAS)
-        grow_linear(output, list(range(C)) + [grown + c for c in range(C)], 2 * grown, new_bias)
-        grow_parameter(self, "transitions", label_positions(C + 1, n, 1), grown + 1, dims=2)
+        C = self.n_labels + 1
+        grow_outputs(self.scorer.output, C, n, blocks=2)  # the local scores, then the global
+        grow_transitions(self, C, n)
         for layer in [] if self.refiner is None else self.refiner.layers:
-            grow_parameter(layer, "compatibility", list(range(C)), grown, dims=2)
+            grow_parameter(layer, "compatibility", list(range(C)), C + n, dims=2)
         self.n_labels += n
 
     def _wake_labels(self, gold: torch.Tensor) -> None:
@@ -696,9 +692,7 @@ class FilteredSemiCRFHead(nn.Module):
         biases become the lowest of the trained labels' (:func:`~.growth.wake_outputs`)."""
         output = self.scorer.output
         labels = labels_to_wake(output, gold, self.n_labels)
-        C = self.n_labels + 1
-        self.label_wakes += wake_outputs(output, range(1, C), labels) + wake_outputs(
-            output, range(C + 1, 2 * C), [C + label for label in labels])
+        self.label_wakes += wake_channels(output, self.n_labels + 1, labels, blocks=2)
 
 
 class SemiCRFHead(nn.Module):
@@ -837,11 +831,8 @@ class SemiCRFHead(nn.Module):
         until training meets a gold entity of it: then at the lowest bias of the trained
         labels (:meth:`_wake_labels`)."""
         check_integer("n", n, 1)
-        C, grown = self.n_labels + 1, self.n_labels + 1 + n
-        output = self.scorer.output
-        new_bias = output.bias.detach().new_full((n,), UNTRAINED_BIAS)
-        grow_linear(output, list(range(C)), grown, new_bias)
-        grow_parameter(self, "transitions", label_positions(C + 1, n, 1), grown + 1, dims=2)
+        grow_outputs(self.scorer.output, self.n_labels + 1, n)
+        grow_transitions(self, self.n_labels + 1, n)
         self.n_labels += n
 
     def _wake_labels(self, gold: torch.Tensor) -> None:
@@ -849,7 +840,7 @@ class SemiCRFHead(nn.Module):
         lowest of the trained labels' (:func:`~.growth.wake_outputs`)."""
         output = self.scorer.output
         labels = labels_to_wake(output, gold, self.n_labels)
-        self.label_wakes += wake_outputs(output, range(1, self.n_labels + 1), labels)
+        self.label_wakes += wake_channels(output, self.n_labels + 1, labels)
 
 
 def semicrf_consistent_score(
@@ -1057,11 +1048,8 @@ class LinearCRFHead(nn.Module):
         trained entity tags (:meth:`_wake_labels`)."""
         check_integer("n", n, 1)
         old, scheme = self.scheme.n_tags, tag_scheme(self.n_labels + n, self.scheme.scheme)
-        output = self.emitter[-1]
-        new_bias = output.bias.detach().new_full((scheme.n_tags - old,), UNTRAINED_BIAS)
-        grow_linear(output, list(range(old)), scheme.n_tags, new_bias)
-        grow_parameter(self, "transitions", label_positions(old + 1, scheme.n_tags - old, 1),
-                       scheme.n_tags + 1, dims=2)
+        grow_outputs(self.emitter[-1], old, scheme.n_tags - old)
+        grow_transitions(self, old, scheme.n_tags - old)
         self.scheme = scheme
         self.allowed = scheme.allowed.to(self.allowed.device)
         self.n_labels += n
@@ -1073,7 +1061,7 @@ class LinearCRFHead(nn.Module):
         labels = labels_to_wake(output, gold, self.n_labels)
         if labels:
             tags = [t for t, label in enumerate(self.scheme.labels.tolist()) if label in labels]
-            self.label_wakes += wake_outputs(output, range(1, self.scheme.n_tags), tags)
+            self.label_wakes += wake_channels(output, self.scheme.n_tags, tags)
 
 
 HEADS = {
