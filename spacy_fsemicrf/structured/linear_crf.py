@@ -480,8 +480,9 @@ def crf_span_marginals(
     B, L, n = emissions.shape
     lengths = lengths.to(device).long()
     if check_rows:
-        check_span_rows(spans, lengths, L, None, scheme.n_labels, "span")
-    doc, s, e, lab = spans.to(device).long().view(-1, 4).unbind(1)
+        doc, s, e, lab = check_span_rows(spans, lengths, L, None, scheme.n_labels, "span")
+    else:
+        doc, s, e, lab = spans.to(device).long().view(-1, 4).unbind(1)
     if doc.shape[0] == 0:
         return emissions.new_zeros(0)
     with torch.no_grad():

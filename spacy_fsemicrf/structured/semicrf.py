@@ -191,9 +191,10 @@ def semicrf_gold_score(
     device = scores.device
     lengths = lengths.to(device).long()
     if check_rows:
-        check_gold_spans(gold, lengths, L, K, C - 1)
+        doc, start, end, label = check_gold_spans(gold, lengths, L, K, C - 1)
+    else:
+        doc, start, end, label = gold.to(device).long().view(-1, 4).unbind(1)
     S = _masked_scores(scores, lengths)
-    doc, start, end, label = gold.to(device).long().view(-1, 4).unbind(1)
     width = end - start
     if L == 0:
         return _zeros_connected(scores, transitions)
