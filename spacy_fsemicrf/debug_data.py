@@ -22,6 +22,7 @@ from spacy.schemas import ConfigSchemaTraining
 from spacy.tokens import Span
 from spacy.training import Example
 from spacy.util import registry, resolve_dot_names
+from thinc.api import Config
 from wasabi import MESSAGES, Printer
 
 from .calibration import fsemicrf_components
@@ -104,19 +105,18 @@ def _counts(counter: Counter) -> str:
     return ", ".join(f"'{label}' ({count})" for label, count in sorted(counter.items()))
 
 
-def training_labels(nlp: Language, name: str, train: List[Example]) -> Set[str]:
-    """The labels the component ``name`` of ``nlp`` (built from a training config) trains
-    with: its own where it has them (sourced from a trained pipeline, which ``spacy train``
-    does not initialize again), else ``[initialize.components.NAME] labels`` where given, else
-    those of the ``train`` entities (as its ``initialize`` takes them)."""
+def training_labels(nlp: Language, name: str, config: Config) -> Optional[Set[str]]:
+    """The labels the component ``name`` of ``nlp`` (built from the training config, whose
+    interpolated form is ``config``) starts training with: its own where it has them (sourced
+    from a trained pipeline, which ``spacy train`` does not initialize again), else
+    ``[initialize.components.NAME] labels`` where given, else None (those of the training
+    entities, as its ``initialize`` takes them)."""
     pipe = nlp.get_pipe(name)
     if pipe.labels:
         return set(pipe.labels)
-    settings = nlp.config.interpolate()["initialize"]["components"].get(name, {})
+    settings = config["initialize"]["components"].get(name, {})
     given = registry.resolve({"settings": settings})["settings"].get("labels")
-    if given is not None:
-        return set(given)
-    return {ent.label_ for eg in train for ent in eg.reference.ents}
+    return None if given is None else set(given)
 
 
 def report_component(
@@ -269,10 +269,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not names:
         msg.fail(f"The config's pipeline has no fsemicrf_ner component (its components: "
                  f"{', '.join(nlp.pipe_names) or 'none'})")
-    frozen = nlp.config.interpolate()["training"].get("frozen_components", [])
+    config = nlp.config.interpolate()
+    frozen = config["training"].get("frozen_components", [])
     for name in names:
         report_component(msg, name, nlp.get_pipe(name), train, dev, args.verbose,
-                         training_labels(nlp, name, train), name in frozen)
+                         training_labels(nlp, name, config), name in frozen)
     counts = msg.counts
     msg.divider("Summary")
     msg.text(f"{counts[MESSAGES.GOOD]} checks passed, {counts[MESSAGES.WARN]} warnings, "
