@@ -471,13 +471,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             # the same rule as for labels given here or to add_label: a label of whitespace
             # only taken from the examples would be refused on initializing again from the
             # component's own label_data (spacy init labels)
-            blank = sorted(label for label in found if not label.strip())
-            if blank:
-                raise ValueError(
-                    f"[{self.name}] the initialization examples have gold entities with the "
-                    f"label {blank[0]!r}: every label must be a non-empty string, not whitespace "
-                    f"only. Fix the labels in the training data."
-                )
+            self._refuse_blank_labels(found, "initialization")
         extra = list(labels) if labels is not None else sorted(found)
         new_labels = list(dict.fromkeys(list(self.labels) + extra))
         # (Re-)initializing builds a fresh head, so the label set may change here.
@@ -595,15 +589,20 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         ``ner`` does in training): a component sourced from a trained pipeline learns a new
         entity type from data that has it (:meth:`add_label`)."""
         found = {ent.label_ for eg in examples for ent in eg.reference.ents}
+        self._refuse_blank_labels(found, "training")  # (add_label's would not say where from)
+        for label in sorted(found - set(self.labels)):
+            self.add_label(label)
+
+    def _refuse_blank_labels(self, found: Set[str], examples: str) -> None:
+        """A ``ValueError`` if a label ``found`` in the gold entities of the ``examples``
+        ("training", "initialization") is whitespace only, as :meth:`add_label` refuses it."""
         blank = sorted(label for label in found if not label.strip())
-        if blank:  # (add_label's refusal would not say where the label comes from)
+        if blank:
             raise ValueError(
-                f"[{self.name}] the training examples have gold entities with the label "
+                f"[{self.name}] the {examples} examples have gold entities with the label "
                 f"{blank[0]!r}: every label must be a non-empty string, not whitespace only. "
                 f"Fix the labels in the training data."
             )
-        for label in sorted(found - set(self.labels)):
-            self.add_label(label)
 
     def get_gold(self, examples: List[Example]) -> Tuple[numpy.ndarray, numpy.ndarray]:
         """Gold rows ``(doc, start, end_inclusive, label 1..M)`` aligned to the predicted docs,
