@@ -31,6 +31,7 @@ from .bruteforce import (
     tag_sequence_score,
     tag_sequences,
 )
+from .test_semicrf import bad_lengths
 
 DTYPE = torch.float64
 
@@ -498,12 +499,7 @@ CRF_FUNCTIONS = {
 
 
 @pytest.mark.parametrize("name", CRF_FUNCTIONS)
-@pytest.mark.parametrize("lengths, message", [
-    ([3], r"^lengths must be \[B\], one per document of the emissions \(2\), got \(1,\)$"),
-    ([5, 3], r"^lengths must lie between 0 and the 3 token rows of the emissions, got 5$"),
-    ([3, -1], r"^lengths must lie between 0 and the 3 token rows of the emissions, got -1$"),
-    ([3.0, 2.0], r"^lengths must be an integer tensor, got torch.float32$"),
-], ids=["fewer-than-documents", "past-the-rows", "negative", "float"])
+@bad_lengths("the emissions")
 def test_lengths_that_do_not_fit_the_emissions_are_a_clear_error(name, lengths, message):
     """A length past the rows was decoded as if the document ended at the last row, without
     an error; one length for two documents was broadcast to both."""

@@ -381,13 +381,19 @@ SEMICRF_FUNCTIONS = {
 }
 
 
+def bad_lengths(what: str):
+    """Parametrizes ``lengths, message``: lengths that do not fit a batch of 2 documents of 3
+    token rows of ``what`` (the tensor they describe), and the error that names them."""
+    return pytest.mark.parametrize("lengths, message", [
+        ([3], rf"^lengths must be \[B\], one per document of {what} \(2\), got \(1,\)$"),
+        ([5, 3], rf"^lengths must lie between 0 and the 3 token rows of {what}, got 5$"),
+        ([3, -1], rf"^lengths must lie between 0 and the 3 token rows of {what}, got -1$"),
+        ([3.0, 2.0], r"^lengths must be an integer tensor, got torch.float32$"),
+    ], ids=["fewer-than-documents", "past-the-rows", "negative", "float"])
+
+
 @pytest.mark.parametrize("name", SEMICRF_FUNCTIONS)
-@pytest.mark.parametrize("lengths, message", [
-    ([3], r"^lengths must be \[B\], one per document of the scores \(2\), got \(1,\)$"),
-    ([5, 3], r"^lengths must lie between 0 and the 3 token rows of the scores, got 5$"),
-    ([3, -1], r"^lengths must lie between 0 and the 3 token rows of the scores, got -1$"),
-    ([3.0, 2.0], r"^lengths must be an integer tensor, got torch.float32$"),
-], ids=["fewer-than-documents", "past-the-rows", "negative", "float"])
+@bad_lengths("the scores")
 def test_lengths_that_do_not_fit_the_scores_are_a_clear_error(name, lengths, message):
     """One length for two documents gave log Z of one document, a length past the rows an
     index error that did not name the lengths."""
