@@ -274,6 +274,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         out): a ``by_novelty`` calibration map scores the entities whose text is among them
         apart from the others."""
         self.widest_dropped = 0
+        self._unlearned_labels: Set[str] = set()
+        """The labels of a span head that no gold entity at most ``max_width`` wide has been
+        trained on yet (those of the initialization examples, and those added to a trained
+        component): one whose gold entities are all wider is never predicted."""
+        self._warned_wide_labels: Set[str] = set()  # (warned once per label)
 
     def __reduce__(self) -> Tuple[Any, ...]:
         """Pickle as spaCy's pipes do; pickled to start a process (``nlp.pipe(n_process=N)``
@@ -424,6 +429,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             # as spaCy's ner grows its output layer: the existing labels keep their scores,
             # the new one is learned by training further
             model_add_labels(self.model, 1)
+            if self.span_head:
+                self._unlearned_labels.add(label)
             logger.info("%s: added the label %r to the trained component (it is learned by "
                         "training further)", self.name, label)
         self.cfg["labels"].append(label)
@@ -448,6 +455,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         found = set()
         n_ents = n_wide = widest = n_examples = n_annotated = 0
         seen = set()  # the texts of the gold entities
+        learnable: Set[str] = set()  # the labels of a gold entity at most max_width wide
+        wide_labels: Dict[str, int] = {}  # the labels of the wider ones, and their widest
         for eg in get_examples():
             n_examples += 1
             n_annotated += eg.reference.has_annotation("ENT_IOB")
@@ -464,6 +473,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                     if len(ent) > self.max_width:
                         n_wide += 1
                         widest = max(widest, len(ent))
+                        wide_labels[ent.label_] = max(wide_labels.get(ent.label_, 0), len(ent))
+                    else:
+                        learnable.add(ent.label_)
             if len(sample) < 10:
                 sample.append(eg.predicted)
         # Labels added before (add_label) come first, then `labels` or those of the examples.
@@ -515,6 +527,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 widest,
             )
         self.n_wide_dropped = self.widest_dropped = self.n_misaligned_dropped = 0
+        self._unlearned_labels = set(self.labels) - learnable if self.span_head else set()
+        self._warned_wide_labels = set()
+        self._report_wide_labels(
+            {label: width for label, width in wide_labels.items() if label not in learnable},
+            "the initialization examples")
         self.calibration = None  # a new model: the scores need a new map
         # no warning while it is trained and evaluated: the map comes when it is saved
         # ([training.before_to_disk]) or from the calibrate command; loading arms it again
@@ -625,6 +642,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         mask = numpy.zeros((len(examples),), dtype=bool)
         known: List[Optional[numpy.ndarray]] = [None] * len(examples)
         n_wide = widest = n_misaligned = 0
+        wide_labels: Dict[str, int] = {}  # the labels of the wide entities, and their widest
         for i, eg in enumerate(examples):
             split = example_entities(eg, limit)
             negatives = self._incorrect_rows(eg, label_ids, limit)
@@ -650,9 +668,15 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             n_misaligned += len(split.misaligned)
             n_wide += len(split.wide)
             widest = max([widest] + [len(ent) for ent in split.wide])
+            for ent in split.wide:
+                wide_labels[ent.label_] = max(wide_labels.get(ent.label_, 0), len(ent))
+            self._unlearned_labels.difference_update(ent.label_ for ent in split.kept)
             known[i] = known_tokens(eg, split.misaligned, split.wide)
         if n_wide:
             self._report_wide(n_wide, widest)
+            self._report_wide_labels(
+                {label: width for label, width in wide_labels.items()
+                 if label in self._unlearned_labels}, "training so far")
         if n_misaligned:
             self._report_misaligned(n_misaligned)
         return TrainingGold(
@@ -695,6 +719,19 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 self.max_width,
                 self.n_wide_dropped,
                 self.widest_dropped,
+            )
+
+    def _report_wide_labels(self, wide_labels: Dict[str, int], where: str) -> None:
+        """Warn, once per label, that a label of ``wide_labels`` (label: its widest gold
+        entity) has no gold entity at most ``max_width`` wide in ``where``: it is never
+        predicted until training reads one."""
+        for label in sorted(set(wide_labels) - self._warned_wide_labels):
+            self._warned_wide_labels.add(label)
+            logger.warning(
+                "%s: every gold entity of the label %r in %s is wider than max_width=%d "
+                "tokens, so the label is not learned and never predicted (until training reads "
+                "one at most %d tokens wide). max_width=%d would keep them.",
+                self.name, label, where, self.max_width, self.max_width, wide_labels[label],
             )
 
     def _report_misaligned(self, n_misaligned: int) -> None:
@@ -1017,6 +1054,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 f"reinstall its package."
             ) from None
         self._warned_uncalibrated = False
+        self._unlearned_labels = set()  # (those of the weights replaced)
         if needs_novelty(self.calibration) and not len(self.seen_entities):
             logger.warning(
                 "%s: the calibration map calibrates entities seen in training apart from new "

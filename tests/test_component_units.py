@@ -74,9 +74,50 @@ def test_initialize_measures_entity_widths_in_the_tokens_it_trains_on(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "fsemicrf_ner: 1 of 2 gold entities in the initialization examples are wider than "
         "max_width=3 tokens and cannot be learned (they are left out of training). "
-        "max_width=4 would keep them all."]
+        "max_width=4 would keep them all.",
+        "fsemicrf_ner: every gold entity of the label 'ORG' in the initialization examples is "
+        "wider than max_width=3 tokens, so the label is not learned and never predicted (until "
+        "training reads one at most 3 tokens wide). max_width=4 would keep them."]
     ner.update([example])
     assert ner.n_wide_dropped == 1  # what training leaves out
+
+
+def _wide_label_warnings(records) -> list:
+    """The labels named by the warnings that a label's gold entities are all too wide."""
+    found = (re.match(r"fsemicrf_ner: every gold entity of the label '(\w+)' in (.+) is wider "
+                      r"than max_width=3 tokens, so the label is not learned and never "
+                      r"predicted \(until training reads one at most 3 tokens wide\)\. "
+                      r"max_width=\d+ would keep them\.$", r.getMessage()) for r in records)
+    return [(m.group(1), m.group(2)) for m in found if m]
+
+
+def test_a_label_whose_gold_entities_are_all_too_wide_is_named_once(caplog):
+    """A label whose every gold entity is wider than max_width joined the labels, was never
+    trained and never predicted, and the warnings only counted wide entities: the user was not
+    told that a label could not be learned (at initialize, nor for a label added in training)."""
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(max_width=3)})
+    wide = [("The Royal Bank of Scotland Group said so .", [(0, 32, "CORP")])]
+    examples = make_examples(nlp) + make_examples(nlp, wide)
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: examples)
+        assert "CORP" in ner.labels
+        assert _wide_label_warnings(caplog.records) == [("CORP", "the initialization examples")]
+        caplog.clear()
+        nlp.update(examples)  # said once, not at each update
+        assert _wide_label_warnings(caplog.records) == []
+        gov = make_examples(nlp, [("The United Nations Security Council met .",
+                                   [(0, 35, "GOV")])])
+        nlp.update(gov)  # a new label, added in training, with wide entities only
+        assert "GOV" in ner.labels
+        nlp.update(gov)
+        assert _wide_label_warnings(caplog.records) == [("GOV", "training so far")]
+        caplog.clear()
+        narrow = make_examples(nlp, [("The UN met .", [(4, 6, "NGO")]),
+                                     ("The United Nations Security Council and UN met .",
+                                      [(0, 35, "NGO"), (40, 42, "NGO")])])
+        nlp.update(narrow)  # a label with an entity narrow enough in the batch is learned
+        assert "NGO" in ner.labels and _wide_label_warnings(caplog.records) == []
 
 
 def test_misaligned_entities_are_reported_at_each_new_power_of_ten(caplog):
@@ -176,7 +217,10 @@ def test_initialize_reports_the_entities_wider_than_max_width(caplog):
     assert warnings == [
         "fsemicrf_ner: 2 of 3 gold entities in the initialization examples are wider than "
         "max_width=2 tokens and cannot be learned (they are left out of training). "
-        "max_width=4 would keep them all."]
+        "max_width=4 would keep them all.",
+        "fsemicrf_ner: every gold entity of the label 'ORG' in the initialization examples is "
+        "wider than max_width=2 tokens, so the label is not learned and never predicted (until "
+        "training reads one at most 2 tokens wide). max_width=4 would keep them."]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         nlp.initialize(lambda: make_examples(nlp, data[1:2]))  # nothing too wide: no warning
