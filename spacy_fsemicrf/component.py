@@ -976,7 +976,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             raise self._load_error(err, str(path), damaged) from err
         seen = Path(path) / SEEN_ENTITIES
         if SEEN_ENTITIES not in exclude:  # none saved: none, not those of the weights replaced
-            self._load_seen(seen.read_bytes() if seen.exists() else b"")
+            self._load_seen(seen.read_bytes() if seen.exists() else b"", str(path))
         self._loaded()
         return self
 
@@ -993,17 +993,20 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             raise self._load_error(err, "bytes", _undecodable_bytes(bytes_data)) from err
         msg = srsly.msgpack_loads(bytes_data)
         if SEEN_ENTITIES not in exclude:
-            self._load_seen(msg.get(SEEN_ENTITIES, b""))
+            self._load_seen(msg.get(SEEN_ENTITIES, b""), "bytes")
         self._loaded()
         return self
 
     def _seen_bytes(self) -> bytes:
         return self.seen_entities.astype("<u8").tobytes()
 
-    def _load_seen(self, data: bytes) -> None:
-        if len(data) % 8:
-            raise ValueError(f"Cannot load the '{self.name}' component: its {SEEN_ENTITIES} "
-                             f"data is not a list of 64-bit hashes ({len(data)} bytes).")
+    def _load_seen(self, data: bytes, source: str) -> None:
+        """Set :attr:`seen_entities` from their saved ``data`` (read from ``source``, for the
+        error of a damaged file: one cut off within a hash)."""
+        if not isinstance(data, bytes) or len(data) % 8:
+            size = f"{len(data)} bytes" if isinstance(data, bytes) else type(data).__name__
+            raise self._load_error(ValueError(f"{size}, not a list of 64-bit hashes"), source,
+                                   SEEN_ENTITIES)
         # sorted and unique, as the lookups (numpy.searchsorted) need: a file in another order
         # would calibrate seen entities as new without a word
         self.seen_entities = numpy.unique(numpy.frombuffer(data, dtype="<u8").astype("uint64"))
