@@ -78,6 +78,7 @@ GROUPS: Dict[str, Group] = {
             "tests/test_predict_paths.py",
             "tests/test_sentence_boundaries.py",
             "tests/test_partial_annotation.py",
+            "tests/test_growth.py",  # the heads' add_labels and growth.py
         ],
         # the toy-task trainings and 40 s of long-document gradients would dominate every
         # head mutant (the losses and decodes are checked exactly by test_head_distributions),
@@ -106,6 +107,7 @@ GROUPS: Dict[str, Group] = {
             "tests/test_partial_annotation.py",
             "tests/test_augment.py",  # initialize leaves made-up names out of the seen ones
             "tests/test_null_tokens.py",  # a head without constrained decoding
+            "tests/test_growth.py",  # add_label on a trained component
         ],
         # a subprocess pipeline (it imports the installed package, not the mutants)
         deselect=["two_processes"],
