@@ -767,6 +767,40 @@ def test_a_document_whose_every_path_is_minus_infinity_has_no_best_path(case):
     assert torch.equal(solve_node_set(nodes, T, "viterbi").total, best)
 
 
+@settings(max_examples=40, deadline=None)
+@given(problems, st.floats(0.1, 0.9))
+def test_transitions_of_minus_infinity_forbid_paths_without_nan(problem, forbidden):
+    """A label that only transitions of -inf enter (a column of -inf, END's included) made
+    the scan's log-sums NaN: log Z and every marginal of the document were NaN, even where a
+    path of finite score remained. Against enumeration: log Z, best score and marginals of
+    the paths left, a gradient without NaN, and no distribution where no path is left."""
+    seed, B, L, K, C, density, _ = problem
+    lengths, mask, scores, labels, T = random_nodes(seed, B, L, K, C, density)
+    gen = torch.Generator().manual_seed(seed)
+    T = T.masked_fill(torch.rand(T.shape, generator=gen) < forbidden, -math.inf)
+    x = scores.clone().requires_grad_()
+    log_z = filtered_log_partition(x, mask, labels, T)
+    (grad,) = torch.autograd.grad(log_z.sum(), x)
+    chosen, best = filtered_viterbi(scores, mask, labels, T)
+    marginals = filtered_marginals(scores, mask, labels, T)
+    for b in range(B):
+        grid = doc_nodes(mask, b)
+        enum = filtered_enumerate(
+            [(i, i + w, int(labels[b, i, w]), float(scores[b, i, w])) for i, w in grid], T)
+        got = [marginals[b, i, w].item() for i, w in grid]
+        assert grad[b].isfinite().all()
+        if enum.best_score == -math.inf:
+            assert log_z[b].item() <= NEG / 2 and best[b].item() == -math.inf
+            assert not any(got) and not chosen[b].any()
+            continue
+        assert [grad[b, i, w].item() for i, w in grid] == pytest.approx(got, abs=1e-9)
+        assert log_z[b].item() == pytest.approx(enum.log_z, abs=1e-9)
+        assert best[b].item() == pytest.approx(enum.best_score, abs=1e-9)
+        assert got == pytest.approx(enum.marginals.tolist(), abs=1e-9)
+        picked = tuple(k for k, (i, w) in enumerate(grid) if chosen[b, i, w])
+        assert picked in enum.best_paths
+
+
 def test_grids_that_do_not_fit_are_clear_errors():
     mask = torch.zeros((2, 4, 3), dtype=torch.bool)
     mask[0, 3, 1] = True  # tokens 3..4 of a 4-token grid: it would run into document 1

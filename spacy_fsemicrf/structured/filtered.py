@@ -509,7 +509,9 @@ def _solve(
     if transitions is not None:  # in the scores' precision, as the other structured heads
         if labels is None:  # (without them every node would read the null label's row)
             raise ValueError("transitions need the nodes' labels")
-        transitions = transitions.to(scores.dtype)
+        # and -inf raised to NEG, as the scores: a label that only -inf enters made the scan's
+        # log-sums NaN (log Z and every marginal), where a path of finite score remained
+        transitions = transitions.to(scores.dtype).clamp_min(neg_value(scores.dtype))
     want_best = mode in ("viterbi", "decode")
     want_marginals = mode in ("marginals", "decode")
     comp = compact(index, shape, by_cluster=transitions is None)
