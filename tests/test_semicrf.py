@@ -308,6 +308,35 @@ def test_a_segment_scored_minus_infinity_is_in_no_segmentation(seed, use_t):
     assert torch.allclose(grad, marginals, atol=1e-9) and not marginals[forbid].any()
 
 
+@settings(max_examples=40, deadline=None)
+@given(problems, st.floats(0.1, 0.9))
+def test_transitions_of_minus_infinity_forbid_segmentations_without_nan(problem, forbidden):
+    """A label that only transitions of -inf enter (a column of -inf, END's included) made
+    log Z NaN, and the marginals (its gradient) with it, even where a segmentation of finite
+    score remained. Against enumeration: log Z, best score and marginals of the
+    segmentations left, and no distribution where none is left."""
+    seed, B, L, K, C, _ = problem
+    lengths, scores, T = random_problem(seed, B, L, K, C)
+    gen = torch.Generator().manual_seed(seed)
+    T = T.masked_fill(torch.rand(T.shape, generator=gen) < forbidden, -math.inf)
+    x = scores.clone().requires_grad_()
+    log_z = semicrf_log_partition(x, lengths, T)
+    (grad,) = torch.autograd.grad(log_z.sum(), x)
+    _, best = semicrf_viterbi(scores, lengths, T)
+    marginals = semicrf_marginals(scores, lengths, T)
+    assert grad.isfinite().all()
+    for b in range(B):
+        enum = semicrf_enumerate(scores[b], int(lengths[b]), T)
+        if enum.best_score == -math.inf:
+            assert log_z[b].item() <= NEG / 2 and best[b].item() == -math.inf
+            assert not marginals[b].any()
+            continue
+        assert log_z[b].item() == pytest.approx(enum.log_z, abs=1e-9)
+        assert best[b].item() == pytest.approx(enum.best_score, abs=1e-9)
+        assert torch.allclose(marginals[b], enum.marginals, atol=1e-9)
+        assert torch.allclose(grad[b], enum.marginals, atol=1e-9)
+
+
 @pytest.mark.parametrize("use_t", [False, True])
 @pytest.mark.parametrize("how", ["every segment", "one token", "a transition"])
 def test_a_document_whose_every_segmentation_is_minus_infinity_has_none(use_t, how):

@@ -118,7 +118,8 @@ def _zeros_connected(scores: torch.Tensor, transitions: Optional[torch.Tensor]) 
     """Zeros ``[B]`` for a batch of empty documents that still depend on the inputs, so that
     ``backward()`` on a loss over such a batch works (and gives zero gradients)."""
     out = scores.sum((1, 2, 3)) * 0
-    return out if transitions is None else out + transitions.sum() * 0
+    # (an empty slice of the transitions: times 0, a transition of -inf would give NaN)
+    return out if transitions is None else out + transitions[:0].sum()
 
 
 def semicrf_log_partition(
@@ -153,7 +154,8 @@ def semicrf_log_partition(
             cand = E_steps[t - 1][:, : min(K, t)] + _window(alphas, t, K)
             alphas.append(lse(cand, 1))
         return torch.stack(alphas, 1).gather(1, lengths.view(-1, 1)).squeeze(1)
-    T = transitions.to(scores.dtype)
+    # -inf raised to NEG, as the scores: a label that only -inf enters made the log-sums NaN
+    T = transitions.to(scores.dtype).clamp_min(neg_value(scores.dtype))
     enter_T = T[:, :C].t().contiguous()  # [C (next), C + 1 (prev, START last)]
     states = [_start_state(B, C, scores)]
     enters: List[torch.Tensor] = []
