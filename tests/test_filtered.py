@@ -1,5 +1,6 @@
 """The filtered semi-CRF against brute-force enumeration of maximal non-overlapping node sets."""
 import math
+import re
 from typing import List, Optional, Tuple
 from unittest import mock
 
@@ -583,6 +584,20 @@ def test_inference_node_set_lists_the_filtered_nodes(label_major):
     # a last document without nodes still has its count
     assert inference_node_set(local, glob, torch.tensor([7, 0, 0])).counts().tolist() == [
         int(mask[0].sum()), 0, 0]
+
+
+@pytest.mark.parametrize("glob_shape", [(1, 3, 3, 3), (1, 3, 2, 4), (2, 3, 2, 3),
+                                        (1, 3, 2, 2), (1, 2, 2, 3)])
+def test_global_scores_of_another_grid_than_the_local_scores_are_a_clear_error(glob_shape):
+    """The nodes' global scores were read at the local grid's flat indices: global scores of
+    a wider grid (more widths, labels or documents) gave each node another span's score,
+    silently, and a narrower one an IndexError."""
+    local = torch.randn((1, 3, 2, 3), generator=torch.Generator().manual_seed(0))
+    local[..., 1] += 2.0  # every span kept
+    message = (r"^global scores must be \[B, L, K, C\] as the local scores, \(1, 3, 2, 3\), "
+               rf"got {re.escape(str(glob_shape))}$")
+    with pytest.raises(ValueError, match=message):
+        inference_node_set(local, torch.randn(glob_shape), torch.tensor([3]))
 
 
 @settings(max_examples=100, deadline=None)

@@ -194,7 +194,14 @@ def inference_node_set(
 ) -> NodeSet:
     """The nodes of :func:`inference_nodes` as a :class:`NodeSet`, with their global scores
     (``global_scores`` is ``[B, L, K, C]`` like ``local_scores``), in float32, or float64 if
-    they are."""
+    they are. A ``ValueError`` unless both have one shape: the nodes' global scores are read
+    at the local grid's flat indices, where another grid held other spans' scores (or none,
+    an ``IndexError``)."""
+    if tuple(global_scores.shape) != tuple(local_scores.shape):
+        raise ValueError(
+            f"global scores must be [B, L, K, C] as the local scores, "
+            f"{tuple(local_scores.shape)}, got {tuple(global_scores.shape)}"
+        )
     index, labels = _filter(local_scores, lengths, margin)
     scores = wide(label_planes(global_scores)[labels, index])
     return NodeSet(index, labels, scores, tuple(local_scores.shape[:3]))
