@@ -935,7 +935,8 @@ def test_int32_labels_are_read_as_long_ones_on_the_scan_too():
 ], ids=["START", "negative", "too-small", "float", "bool", "complex", "not-square"])
 def test_labels_that_the_transitions_do_not_have_are_a_clear_error(labels, transitions, message):
     """Label C (or -1, wrapping around) read the START row and END column: path_score gave a
-    wrong score without an error, and the solvers failed deep inside."""
+    wrong score without an error, and the solvers failed deep inside (those of a node set,
+    decode_node_set's, too)."""
     mask = torch.zeros(1, 4, 2, dtype=torch.bool)
     mask[0, 0, 1] = mask[0, 1, 0] = mask[0, 2, 1] = True
     scores = torch.zeros((1, 4, 2), dtype=DTYPE)
@@ -943,9 +944,13 @@ def test_labels_that_the_transitions_do_not_have_are_a_clear_error(labels, trans
     T = torch.zeros(transitions, dtype=DTYPE)
     path = mask.clone()
     path[0, 1, 0] = False
+    index = mask.view(-1).nonzero().squeeze(1)
+    nodes = NodeSet(index, grid.view(-1)[index], scores.view(-1)[index], tuple(mask.shape))
     for call in (lambda: path_score(scores, path, grid, T),
                  lambda: filtered_log_partition(scores, mask, grid, T),
-                 lambda: filtered_viterbi(scores, mask, grid, T)):
+                 lambda: filtered_viterbi(scores, mask, grid, T),
+                 lambda: decode_node_set(nodes, T),
+                 lambda: solve_node_set(nodes, T, "log_z")):
         with pytest.raises(ValueError, match=message):
             call()
 

@@ -708,8 +708,13 @@ def solve_node_set(
     "marginals" or "decode" (both). Returns ``(total [B], best [n], marginals [n])``, the total
     being the best path's score when the best path is asked for, else log Z. A node scored
     ``-inf`` is on no path with any probability, as in :func:`filtered_log_partition`; a
-    document whose every path is ``-inf`` has none, as in :func:`filtered_decode`."""
-    return _solve(nodes.index, nodes.scores, nodes.labels, nodes.shape, transitions, mode)
+    document whose every path is ``-inf`` has none, as in :func:`filtered_decode`. With
+    ``transitions``, a ``ValueError`` unless they and the labels fit (:func:`check_node_labels`),
+    as on the grid."""
+    labels = nodes.labels
+    if transitions is not None:
+        labels = check_node_labels(labels, transitions)
+    return _solve(nodes.index, nodes.scores, labels, nodes.shape, transitions, mode)
 
 
 @torch.no_grad()
