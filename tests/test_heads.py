@@ -1226,3 +1226,39 @@ def test_a_double_head_reports_its_confidences_in_double(name):
     want = (p_local * marginals)[doc, start, end - start]
     assert ((marginals > 0) & (marginals < 1)).any()
     assert torch.allclose(out.candidates[1], want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["scores", "transitions"])
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_document_without_a_distribution_has_a_path_probability_of_zero(name, how):
+    """Where every path of a document scores -inf (its scores, or the transitions from START,
+    at -inf) there is no distribution and no entity is decoded: the linear CRF and the
+    filtered head gave that empty path a probability of 1 (its score, raised to NEG as log Z
+    is, cancelled log Z), the semi-CRF 0. Now 0 for each; a document with a distribution
+    keeps the probability of its best path."""
+    torch.manual_seed(0)
+    kwargs = {} if name == "LinearCRF" else {"transitions": True}
+    head = HEADS[name](3, 1, max_width=2, hidden_width=4, **kwargs).eval()
+    lengths = torch.tensor([3, 2])
+    if how == "transitions":
+        with torch.no_grad():
+            head.transitions[-1, :] = -math.inf  # no path may start: none in either document
+    gen = torch.Generator().manual_seed(1)
+    if name == "LinearCRF":
+        scores = torch.randn((2, 3, head.scheme.n_tags), generator=gen)
+    else:
+        scores = torch.randn((2, 3, 2, 2), generator=gen)
+    if how == "scores":
+        scores[0] = -math.inf
+    options = DecodeOptions(path=True)
+    if name == "FilteredSemiCRF":
+        local = torch.zeros((2, 3, 2, 2))
+        local[..., 1] = 1.0  # every span a node
+        out = head.decode(local, scores, lengths, options=options)
+    else:
+        out = head.decode(scores, lengths, options=options)
+    assert not (out.spans[:, 0] == 0).any()
+    if how == "transitions":
+        assert out.path.tolist() == [0.0, 0.0] and out.spans.shape[0] == 0
+    else:
+        assert out.path[0].item() == 0.0 and 0.0 < out.path[1].item() <= 1.0

@@ -11,6 +11,7 @@ import torch
 
 from .constrained import ConstraintReport
 from .constraints import DocConstraints
+from .semiring import NEG
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
 
@@ -51,12 +52,17 @@ def path_probability(
 ) -> torch.Tensor:
     """``[B]``: ``exp(score - log Z)`` of each document's returned path: the constrained
     path's score where a report says the constraints changed it, and 0 where ``outside``
-    (``BoolTensor[B]``) says the returned path is not one of the distribution's."""
+    (``BoolTensor[B]``) says the returned path is not one of the distribution's, or where
+    ``log_z`` is at or below ``NEG / 2``: every path is ``-inf``, there is no distribution
+    (the path returned, of no entity, scored about as low as log Z, which gave it 1)."""
     score = best_score.detach().double().clone()
     for i, report in enumerate(reports or ()):
         if report is not None and report.status == "optimal":
             score[i] = report.score
-    prob = (score - log_z.detach().double()).clamp_max(0.0).exp()
+    log_z = log_z.detach().double()
+    prob = (score - log_z).clamp_max(0.0).exp()
+    none = log_z <= NEG / 2
     if outside is not None:
-        prob = torch.where(outside.to(prob.device), torch.zeros_like(prob), prob)
+        none = none | outside.to(prob.device)
+    prob = torch.where(none, torch.zeros_like(prob), prob)
     return prob.float()
