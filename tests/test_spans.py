@@ -45,6 +45,21 @@ def test_masks_and_gold_grids_take_integer_lengths_only():
             call([5])
 
 
+@pytest.mark.parametrize("lengths, message", [
+    ([6, 2], r"^lengths must lie between 0 and the 5 token rows of the grid, got 6$"),
+    ([2, -1], r"^lengths must lie between 0 and the 5 token rows of the grid, got -1$"),
+    ([[2, 3]], r"^lengths must be \[B\], one per document of the grid \(2\), got \(1, 2\)$"),
+])
+def test_masks_and_gold_grids_take_lengths_inside_the_grid_only(lengths, message):
+    """A length past the grid's L gave the candidates of a document cut at L, a negative one
+    an empty document, and lengths of another shape were flattened into documents, all
+    without an error (the heads and the filter refuse such lengths)."""
+    for call in (lambda x: span_mask(x, 5, 3),
+                 lambda x: gold_label_grid(torch.zeros((0, 4), dtype=torch.long), x, 5, 3)):
+        with pytest.raises(ValueError, match=message):
+            call(torch.tensor(lengths))
+
+
 def test_gold_label_grid_places_labels_and_rejects_bad_spans():
     lengths = torch.tensor([5, 3])
     gold = torch.tensor([[0, 0, 1, 2], [0, 3, 3, 1], [1, 1, 2, 1]])

@@ -129,8 +129,10 @@ def span_mask(lengths: torch.Tensor, length: int, max_width: int) -> torch.Tenso
     """``BoolTensor[B, L, K]``: which grid entries are candidate spans of their document, for
     documents of ``lengths [B]`` (an integer tensor, :func:`check_lengths`) padded to
     ``L = length`` tokens and spans of up to ``K = max_width`` tokens (entry ``[b, i, w]``:
-    tokens ``i..i + w``)."""
-    check_lengths(lengths)
+    tokens ``i..i + w``). A ``ValueError`` unless ``lengths`` is ``[B]``, each between 0 and
+    ``L``: a longer document's spans were cut at ``L``, a negative length read as 0."""
+    check_lengths(lengths)  # (a tensor, before its size is read)
+    check_lengths(lengths, (lengths.numel(), length), "the grid")
     ends = span_ends(length, max_width, lengths.device)
     return ends.unsqueeze(0) < lengths.view(-1, 1, 1)
 
@@ -287,9 +289,11 @@ def gold_label_grid(
     Entries that are not gold spans hold 0 (null). Raises ``ValueError`` for a span outside its
     document, wider than ``max_width``, with a label below 1 (or above ``n_labels``), or
     overlapping another gold span (:func:`check_gold_spans`): the structured heads assume a
-    valid segmentation, and a silent drop would hide a data bug.
+    valid segmentation, and a silent drop would hide a data bug; and for ``lengths`` that are
+    not ``[B]`` integers between 0 and ``L``, as in :func:`span_mask`.
     """
     check_lengths(lengths)  # (a length of 4.5 would take a gold span ending on token 4)
+    check_lengths(lengths, (lengths.numel(), length), "the grid")
     check_rows_type(gold)
     grid = torch.zeros(
         (lengths.shape[0], length, max_width), dtype=torch.long, device=lengths.device
