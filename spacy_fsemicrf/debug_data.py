@@ -202,7 +202,7 @@ def report_component(
     if dv.wide:
         msg.warn(f"{sum(dv.wide.values())} evaluation entities are wider than "
                  f"max_width={limit} tokens, which the component cannot predict: "
-                 f"{_counts(dv.wide)}; max_width={dv.widest} would")
+                 f"{_counts(dv.wide)}; max_width={dv.widest} would let it predict them all")
     for corpus, rep in (("training", tr), ("evaluation", dv)):
         if rep.whitespace:
             msg.warn(f"{rep.whitespace} {corpus} entities start or end on a whitespace token; "

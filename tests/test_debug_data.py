@@ -123,7 +123,8 @@ def test_reports_what_training_reads(corpora, capsys):
     assert "E.g. 'Mc'" in out
     assert ("Labels in the evaluation data but not in the training data, which the component "
             "cannot predict: 'LOC', 'ORG'") in out
-    assert "1 evaluation entities are wider than max_width=3 tokens" in out
+    assert ("1 evaluation entities are wider than max_width=3 tokens, which the component "
+            "cannot predict: 'ORG' (1); max_width=4 would let it predict them all") in out
     assert "1 training entities start or end on a whitespace token" in out
     assert "1 training entities cross a sentence boundary" in out
     assert "0 errors" in out
