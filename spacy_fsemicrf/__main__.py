@@ -21,10 +21,13 @@ COMMANDS = {
 def main(argv: List[str]) -> int:
     if argv and argv[0] in COMMANDS:
         return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
-    if argv and argv[0] not in ("-h", "--help"):
+    if argv[:1] in (["-h"], ["--help"]):  # asked for: on standard output, as argparse's help
+        print(__doc__.strip())
+        return 0
+    if argv:
         print(f"unknown command {argv[0]!r}\n", file=sys.stderr)
     print(__doc__.strip(), file=sys.stderr)
-    return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    return 2
 
 
 if __name__ == "__main__":

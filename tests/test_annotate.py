@@ -1055,8 +1055,11 @@ def test_the_command_passes_update_and_says_what_it_annotated_again(monkeypatch,
 def test_the_module_command_dispatches(capsys):
     from spacy_fsemicrf.__main__ import main
 
-    assert main([]) == 2 and main(["--help"]) == 0
+    assert main([]) == 2
     assert "annotate" in capsys.readouterr().err
+    assert main(["--help"]) == 0 and main(["-h"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.count("annotate    annotate a corpus") == 2 and printed.err == ""
     assert main(["calibrat"]) == 2
     assert capsys.readouterr().err.startswith("unknown command 'calibrat'\n")
     with pytest.raises(SystemExit) as exit_info:
