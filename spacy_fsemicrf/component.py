@@ -924,7 +924,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         if len(doc) and _listener_output_missing(doc, self.model.get_ref("tok2vec")):
             raise ValueError(
                 f"[{self.name}] nbest needs a document the pipeline has run on (its tok2vec "
-                f"vectors come from the shared tok2vec component): nbest(nlp(text), k)."
+                f"vectors come from the shared tok2vec component): nbest(nlp(text), k), with the "
+                f"vectors still on it (a doc_cleaner drops them: clean after nbest)."
             )
         searched = k
         while True:

@@ -779,11 +779,12 @@ def test_nbest_with_a_shared_tok2vec_needs_a_document_the_pipeline_has_run_on():
     text = "John Smith works for Google in Paris ."
     with pytest.raises(ValueError, match=re.escape(
             "[fsemicrf_ner] nbest needs a document the pipeline has run on (its tok2vec vectors "
-            "come from the shared tok2vec component): nbest(nlp(text), k).")):
+            "come from the shared tok2vec component): nbest(nlp(text), k), with the vectors "
+            "still on it (a doc_cleaner drops them: clean after nbest).")):
         ner.nbest(nlp.make_doc(text), 2)
     cleaned = nlp(text)
     cleaned.tensor = None  # as doc_cleaner leaves it (docs/scaling.md: clean after nbest)
-    with pytest.raises(ValueError, match=re.escape("nbest needs a document the pipeline")):
+    with pytest.raises(ValueError, match=re.escape("a doc_cleaner drops them: clean after")):
         ner.nbest(cleaned, 2)
     assert 1 <= len(ner.nbest(nlp(text), 2)) <= 2
     empty = ner.nbest(nlp.make_doc(""), 2)  # its one segmentation: no entity, probability 1
