@@ -19,14 +19,16 @@ COMMANDS = {
 
 
 def main(argv: List[str]) -> int:
+    """Run the command ``argv[0]`` with the rest of ``argv``; its exit status."""
+    usage = __doc__.strip().replace("``", "")  # (reST marks, for the docs, not the terminal)
     if argv and argv[0] in COMMANDS:
         return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     if argv[:1] in (["-h"], ["--help"]):  # asked for: on standard output, as argparse's help
-        print(__doc__.strip())
+        print(usage)
         return 0
     if argv:
         print(f"unknown command {argv[0]!r}\n", file=sys.stderr)
-    print(__doc__.strip(), file=sys.stderr)
+    print(usage, file=sys.stderr)
     return 2
 
 

@@ -1060,6 +1060,7 @@ def test_the_module_command_dispatches(capsys):
     assert main(["--help"]) == 0 and main(["-h"]) == 0
     printed = capsys.readouterr()
     assert printed.out.count("annotate    annotate a corpus") == 2 and printed.err == ""
+    assert "``" not in printed.out  # the docstring's reST marks are not for the terminal
     assert main(["calibrat"]) == 2
     assert capsys.readouterr().err.startswith("unknown command 'calibrat'\n")
     with pytest.raises(SystemExit) as exit_info:
