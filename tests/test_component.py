@@ -82,12 +82,16 @@ def _copy(nlp, path):
     return spacy.load(path)
 
 
-def test_add_label_to_a_trained_component_grows_its_head(trained_nlp, tmp_path):
+def test_add_label_to_a_trained_component_grows_its_head(trained_nlp, tmp_path, caplog):
     nlp = _copy(trained_nlp, tmp_path / "pipeline")
     ner = nlp.get_pipe("fsemicrf_ner")
     head = model_torch_head(ner.model)
     assert ner.add_label("PER") == 0
-    assert ner.add_label("GADGET") == 1 and ner.add_label("GADGET") == 0
+    with caplog.at_level(logging.INFO, logger="spacy_fsemicrf"):
+        assert ner.add_label("GADGET") == 1 and ner.add_label("GADGET") == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "fsemicrf_ner: added the label 'GADGET' to the trained component (it is learned by "
+        "training further)"]
     assert ner.labels == (*LABELS, "GADGET")
     assert ner.model.get_dim("nO") == head.n_labels == len(LABELS) + 1
     assert head.fsemicrf_spec["n_labels"] == len(LABELS) + 1
@@ -392,6 +396,10 @@ def test_docs_of_another_vocab_get_their_entities(trained_nlp):
         labels = [span.label_ for span in doc.spans["fsemicrf"]]
         assert labels == [span.label_ for span in own.spans["fsemicrf"]]
         assert predicted_set([Doc(doc.vocab).from_bytes(doc.to_bytes())]) == predicted_set([own])
+    # one batch of documents of two other vocabs: each vocab gets the labels' strings
+    batch = [Doc(spacy.blank("en").vocab, words=text.split()) for _ in range(2)]
+    found = [predicted_set([doc]) for doc in trained_nlp.pipe(batch)]
+    assert found == [predicted_set([own])] * 2
 
 
 def test_long_document(trained_nlp):

@@ -120,6 +120,33 @@ def test_a_label_whose_gold_entities_are_all_too_wide_is_named_once(caplog):
         assert "NGO" in ner.labels and _wide_label_warnings(caplog.records) == []
 
 
+def test_the_labels_named_as_too_wide_are_those_without_one_narrow_gold_entity(caplog):
+    """The warning gives the widest entity of the label (not the last one read); a label with
+    a narrow entity besides wide ones is learned (no warning); a label listed at initialize
+    without examples is named when training then meets only wide entities of it."""
+    nlp, ner = _component(max_width=3)
+    data = [("The Royal Bank of Scotland Group plc said so .", [(0, 36, "CORP")]),  # 7 tokens
+            ("The Royal Bank of Scotland said so .", [(0, 26, "CORP")]),  # 5 tokens
+            ("The Bank of New York Mellon and Apple met .", [(0, 27, "ORG"), (32, 37, "ORG")])]
+    examples = make_examples(nlp, data)
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        ner.initialize(lambda: examples, nlp=nlp, labels=["CORP", "GOV", "ORG"])
+        assert _wide_label_warnings(caplog.records) == [("CORP", "the initialization examples")]
+        assert _keeping_width(caplog.records) == [7]
+        caplog.clear()
+        nlp.update(make_examples(nlp, [
+            ("The United Nations Security Council of old met .", [(0, 42, "GOV")]),  # 7 tokens
+            ("The United Nations Security Council met .", [(0, 35, "GOV")])]))  # 5 tokens
+    assert _wide_label_warnings(caplog.records) == [("GOV", "training so far")]
+    assert _keeping_width(caplog.records) == [7]
+
+
+def _keeping_width(records) -> list:
+    """The widths that the warnings of :func:`_wide_label_warnings` say would keep a label."""
+    return [int(re.search(r"max_width=(\d+) would keep them\.$", r.getMessage()).group(1))
+            for r in records if "every gold entity of the label" in r.getMessage()]
+
+
 def test_misaligned_entities_are_reported_at_each_new_power_of_ten(caplog):
     ner = spacy.blank("en").add_pipe("fsemicrf_ner")
     warned = []
@@ -938,3 +965,81 @@ def test_an_infeasible_document_has_no_forced_spans_to_keep():
     without = _decoded_forces(constraints)  # no reports: every constrained document's
     assert [without(d) for d in range(4)] == [{(1, 2, 1)}, {(1, 2, 1)}, {(1, 2, 1)}, set()]
     assert _decoded_forces(None, reports) is None
+
+
+def test_a_threshold_keeps_every_entity_of_each_document_whose_constraints_need_them():
+    """Over a batch, the rows a threshold may not drop are those of each document whose
+    constraints hold on all its entities (not infeasible) but not on those above the threshold,
+    read in that document's sentences; documents without constraints, with every entity kept
+    or infeasible are thresholded as usual, wherever they stand in the batch."""
+    from spacy_fsemicrf.component import _held_by_constraints
+    from spacy_fsemicrf.structured.constrained import ConstraintReport
+    from spacy_fsemicrf.structured.constraints import DocConstraints, compile_constraints
+
+    labels = ["PER", "ORG"]
+    two_per = DocConstraints(compile_constraints(
+        [{"kind": "at_least", "label": "PER", "n": 2, "scope": "doc"}], labels))
+    per_sentence = DocConstraints(compile_constraints(
+        [{"kind": "at_least", "label": "PER", "n": 1, "scope": "sentence"}], labels), (3,))
+    docs = [Doc(spacy.blank("en").vocab, words="a b . c d .".split()) for _ in range(6)]
+    optimal = ConstraintReport("optimal", 0.0, 0.0)
+    cases = [  # (constraints, report, rows (start, end, label), kept, held)
+        (None, None, [(0, 0, 1)], [False], False),  # no constraints
+        (two_per, optimal, [(0, 0, 1), (3, 3, 1)], [True, True], False),  # all kept
+        (two_per, optimal, [(0, 0, 1), (3, 4, 1), (1, 1, 2)], [True, False, True], True),
+        (two_per, ConstraintReport("infeasible", 0.0, 0.0), [(0, 0, 1)], [False], False),
+        # one PER kept in each sentence, or in one sentence only
+        (per_sentence, optimal, [(0, 0, 1), (3, 3, 1), (4, 4, 1)], [True, True, False], False),
+        (per_sentence, optimal, [(0, 0, 1), (3, 3, 1)], [True, False], True),
+    ]
+    entities = numpy.array([(d, *row) for d, case in enumerate(cases) for row in case[2]])
+    keep = numpy.array([k for case in cases for k in case[3]])
+    held = _held_by_constraints(docs, entities, keep, [case[1] for case in cases],
+                                [case[0] for case in cases])
+    assert held.tolist() == [case[4] for case in cases for _ in case[2]]
+
+
+def test_the_component_pickles_to_prepare_the_process_only_while_one_is_started(monkeypatch):
+    """Pickled to start a process (spawn, forkserver), the component unpickles through
+    fork_safety.unpickled_in_child, which puts PyTorch on one thread first; pickled otherwise
+    (a cache, joblib), it unpickles as any spaCy pipe, leaving the process as it is."""
+    import multiprocessing.context
+    import pickle
+
+    from spacy_fsemicrf import fork_safety
+
+    nlp, examples = _initialized()
+    ner = nlp.get_pipe("fsemicrf_ner")
+    prepared = []
+    monkeypatch.setattr(fork_safety, "one_thread_in_child", lambda: prepared.append(True))
+    plain = pickle.loads(pickle.dumps(ner))
+    assert prepared == []
+    monkeypatch.setattr(multiprocessing.context, "get_spawning_popen", lambda: object())
+    spawned = pickle.loads(pickle.dumps(ner))
+    assert prepared == [True]
+    doc = nlp.make_doc(examples[1].reference.text)
+    for clone in (plain, spawned):
+        assert type(clone) is type(ner) and clone.labels == ner.labels
+        assert clone.cfg == ner.cfg and clone.to_bytes() == ner.to_bytes()
+        assert [(e.start, e.end, e.label_) for e in clone(doc.copy()).ents] == [
+            (e.start, e.end, e.label_) for e in ner(doc.copy()).ents]
+
+
+def test_a_transformer_listener_reads_the_transformer_output_of_the_document():
+    """A component on spacy-transformers' listener needs ``doc._.trf_data``, which a document
+    straight from the tokenizer lacks: it is missing exactly when that is None."""
+    pytest.importorskip("spacy_transformers")
+    from spacy.util import registry
+    from spacy_transformers.pipeline_component import install_extensions
+    from thinc.api import reduce_mean
+
+    from spacy_fsemicrf.component import _listener_output_missing
+
+    install_extensions()
+    tok2vec = registry.architectures.get("spacy-transformers.TransformerListener.v1")(
+        grad_factor=1.0, pooling=reduce_mean())
+    doc = spacy.blank("en")("John Smith works for Google .")
+    assert doc._.trf_data is None and _listener_output_missing(doc, tok2vec)
+    doc._.trf_data = object()  # what a transformer component leaves (any value but None)
+    doc.tensor = numpy.zeros((0, 0), dtype="float32")  # a transformer does not fill it
+    assert not _listener_output_missing(doc, tok2vec)
