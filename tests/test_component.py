@@ -736,6 +736,11 @@ def test_an_infeasible_forced_span_keeps_no_entity_from_being_trimmed(trained_nl
                                  constraints=under)
     ner.set_annotations([doc], prediction)
     assert [(e.start, e.end, e.label_) for e in doc.ents] == [(3, 4, "PER")]
+    # with the forced label too: the entity is the head's own, not the forced span
+    loc = ner.labels.index("LOC") + 1
+    doc = trained_nlp.make_doc("went to  Paris .")
+    ner.set_annotations([doc], prediction._replace(spans=numpy.array([[0, 2, 3, loc]])))
+    assert [(e.start, e.end, e.label_) for e in doc.ents] == [(3, 4, "LOC")]
 
 
 def test_trim_whitespace_trims_each_edge_and_drops_whitespace_only_rows():

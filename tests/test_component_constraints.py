@@ -337,6 +337,13 @@ def test_the_threshold_leaves_the_entities_of_a_document_whose_constraints_hold(
     scores = trained(TWO_ORGS, component_cfg=loose).spans["fsemicrf"].attrs["scores"]
     assert (scores < 1.0).any()
     assert len(unbound.ents) == int((scores >= 1.0).sum())
+    top = float(scores.max())  # a threshold that keeps some of a constrained doc's entities
+    ner.threshold = top
+    try:
+        thresholded = trained(TWO_ORGS, component_cfg=loose)
+    finally:
+        ner.threshold = 0.0
+    assert len(thresholded.ents) == int((scores >= top).sum()) >= 1
     assert doc.spans["fsemicrf"].attrs["constraints"]["status"] != "infeasible"
     assert ("works for", "LOC") in [(e.text, e.label_) for e in doc.ents]
     assert [(e.start, e.end, e.label_) for e in doc.ents] == [

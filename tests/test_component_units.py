@@ -1035,11 +1035,70 @@ def test_a_transformer_listener_reads_the_transformer_output_of_the_document():
 
     from spacy_fsemicrf.component import _listener_output_missing
 
-    install_extensions()
     tok2vec = registry.architectures.get("spacy-transformers.TransformerListener.v1")(
         grad_factor=1.0, pooling=reduce_mean())
     doc = spacy.blank("en")("John Smith works for Google .")
+    # in a process where no transformer component was made, doc._.trf_data is no extension yet
+    if Doc.has_extension("trf_data"):
+        Doc.remove_extension("trf_data")
+    try:
+        assert _listener_output_missing(doc, tok2vec)
+    finally:
+        install_extensions()
     assert doc._.trf_data is None and _listener_output_missing(doc, tok2vec)
     doc._.trf_data = object()  # what a transformer component leaves (any value but None)
     doc.tensor = numpy.zeros((0, 0), dtype="float32")  # a transformer does not fill it
     assert not _listener_output_missing(doc, tok2vec)
+
+
+@pytest.mark.parametrize("value,described", [(b"\x00" * 13, "13 bytes"), (7, "int")])
+def test_seen_entities_that_are_no_list_of_hashes_are_named_with_what_was_read(
+        initialized, value, described):
+    """Seen entities cut within a hash, or not bytes at all, are refused with what was read."""
+    parts = srsly.msgpack_loads(initialized[0].get_pipe("fsemicrf_ner").to_bytes())
+    parts["seen_entities"] = value
+    _, fresh = _component(dropout=0.0)
+    with pytest.raises(ValueError, match=re.escape(
+            f"from bytes: its seen_entities data is damaged or incomplete ({described}, not a "
+            f"list of 64-bit hashes). Save the pipeline again")):
+        fresh.from_bytes(srsly.msgpack_dumps(parts))
+
+
+def test_a_fresh_component_warns_of_a_sentence_scope_on_a_document_without_sentences(caplog):
+    """The warning that a sentence-scoped constraint reads an unsegmented document as one
+    sentence comes at the first such document of a component made in this process."""
+    nlp, _ = _initialized()
+    scope = [{"kind": "at_most", "label": "ORG", "n": 1, "scope": "sentence"}]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.get_pipe("fsemicrf_ner")(nlp.make_doc("Apple and Google met ."), constraints=scope)
+    assert sum("without sentence boundaries" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_loaded_component_names_a_label_training_adds_with_only_wide_entities(
+        tmp_path, caplog):
+    """A loaded (or sourced) component trained further on a new label whose every entity is
+    wider than max_width says so, as one initialized in this process does."""
+    nlp, _ = _component(max_width=3)
+    nlp.initialize(lambda: make_examples(nlp))
+    nlp.to_disk(tmp_path / "pipeline")
+    loaded = spacy.load(tmp_path / "pipeline")
+    wide = [("The United Nations Security Council of old met .", [(0, 42, "GOV")])]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        loaded.update(make_examples(loaded, wide))
+    assert "GOV" in loaded.get_pipe("fsemicrf_ner").labels
+    assert [label for label, _ in _wide_label_warnings(caplog.records)] == ["GOV"]
+
+
+def test_a_process_is_prepared_once_by_its_first_component(monkeypatch):
+    """The first component made in a process registers the fork handler and the msgpack
+    lookups (so that forked workers run PyTorch on one thread); later ones do not again."""
+    from spacy_fsemicrf import component as component_module
+
+    calls = []
+    monkeypatch.setattr(component_module, "_process_prepared", False)
+    monkeypatch.setattr(component_module.fork_safety, "register", lambda: calls.append("fork"))
+    monkeypatch.setattr(component_module, "remember_msgpack_lookups",
+                        lambda: calls.append("msgpack"))
+    _component()
+    _component()
+    assert calls == ["fork", "msgpack"]
