@@ -1,9 +1,12 @@
 """Growing a trained head by new entity labels (the heads' ``add_labels``)."""
+import re
+
 import pytest
 import torch
 
 from spacy_fsemicrf.structured.growth import (
-    UNTRAINED_BIAS, grow_linear, grow_parameter, label_positions, placed,
+    UNTRAINED_BIAS, grow_linear, grow_parameter, label_positions, labels_to_wake, placed,
+    untrained, wake_channels, wake_outputs,
 )
 from spacy_fsemicrf.structured.heads import FilteredSemiCRFHead, LinearCRFHead, SemiCRFHead
 from spacy_fsemicrf.structured.prediction import DecodeOptions
@@ -285,3 +288,63 @@ def test_add_labels_refuses_what_is_no_positive_count(n):
     with pytest.raises(ValueError, match="n must be"):
         head.add_labels(n)
     assert head.n_labels == M
+
+
+def test_placed_refuses_an_index_that_does_not_put_each_entry_once_inside_the_size():
+    old = torch.arange(6.0).view(3, 2)
+    with pytest.raises(ValueError, match=r"^index must give 3 distinct positions, got \[0, 0, 1\]$"):
+        placed(old, [0, 0, 1], 4)
+    for index in ([0, 1, 4], [-1, 1, 2]):
+        with pytest.raises(ValueError, match=re.escape(f"index must lie in [0, 4), got {index}")):
+            placed(old, index, 4)
+    with pytest.raises(ValueError, match=r"^dims must be 1 or 2, got 3$"):
+        placed(old, [0, 1, 2], 4, dims=3)
+    # nothing to place (a head without labels of that kind): zeros of the new size
+    assert placed(torch.zeros((0, 2)), [], 1).tolist() == [[0.0, 0.0]]
+
+
+def test_label_positions_keep_the_last_channels_in_order_after_the_new_ones():
+    assert label_positions(5, 2, 2) == [0, 1, 2, 5, 6]
+    assert label_positions(4, 3) == [0, 1, 2, 3]
+
+
+def test_an_output_is_untrained_from_half_the_untrained_bias_down():
+    bias = torch.tensor([UNTRAINED_BIAS, UNTRAINED_BIAS / 2, 0.4 * UNTRAINED_BIAS, 0.0])
+    assert untrained(bias).tolist() == [True, True, False, False]
+
+
+def test_the_labels_to_wake_are_the_gold_labels_while_an_output_is_untrained():
+    layer = torch.nn.Linear(2, 4)
+    gold = torch.tensor([[0, 0, 0, 1], [0, 2, 3, 3], [1, 0, 0, 1]])
+    assert labels_to_wake(layer, gold, 3) == []  # every output trained: gold is not read
+    with torch.no_grad():
+        layer.bias[3] = UNTRAINED_BIAS
+    assert labels_to_wake(layer, gold, 3) == [1, 3]
+    assert labels_to_wake(layer, gold[:, :3], 3) == []  # not (doc, start, end, label) rows
+    assert labels_to_wake(layer, torch.zeros((0,), dtype=torch.long), 3) == []
+
+
+def test_waking_gives_each_asleep_output_the_lowest_trained_bias_of_its_block():
+    U = UNTRAINED_BIAS
+    layer = torch.nn.Linear(2, 6)
+    with torch.no_grad():
+        layer.bias.copy_(torch.tensor([5.0, -2.0, U, 7.0, 1.0, U]))
+    assert wake_outputs(layer, range(1, 3), []) == 0  # nothing to wake
+    assert wake_channels(layer, 3, [2], blocks=2) == 2  # one per block, from its own labels
+    assert layer.bias.tolist() == [5.0, -2.0, -2.0, 7.0, 1.0, 1.0]
+    assert wake_channels(layer, 3, [2], blocks=2) == 0  # awake already: nothing changes
+    lone = torch.nn.Linear(2, 3)  # no trained entity output: the bias starts at 0
+    with torch.no_grad():
+        lone.bias.copy_(torch.tensor([3.0, U, U]))
+    assert wake_outputs(lone, range(1, 3), [1]) == 1
+    assert lone.bias.tolist() == [3.0, 0.0, U]
+
+
+def test_grow_linear_gives_new_outputs_zero_weights_and_a_zero_bias_by_default():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(2, 2)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    grow_linear(layer, [0, 2], 3)
+    assert layer.out_features == 3 and layer.weight.shape == (3, 2)
+    assert torch.equal(layer.weight[[0, 2]], weight) and torch.equal(layer.bias[[0, 2]], bias)
+    assert layer.weight[1].tolist() == [0.0, 0.0] and layer.bias[1].item() == 0.0

@@ -1262,3 +1262,15 @@ def test_a_document_without_a_distribution_has_a_path_probability_of_zero(name, 
         assert out.path.tolist() == [0.0, 0.0] and out.spans.shape[0] == 0
     else:
         assert out.path[0].item() == 0.0 and 0.0 < out.path[1].item() <= 1.0
+
+
+def test_a_log_partition_at_or_below_half_the_impossible_score_is_no_distribution():
+    """The solvers give a document without a path of finite score a log Z at or below NEG / 2
+    (finite, for its gradient): from there down its path has probability 0, above it the
+    path's probability is exp(score - log Z)."""
+    from spacy_fsemicrf.structured.prediction import path_probability
+    from spacy_fsemicrf.structured.semiring import NEG
+
+    log_z = torch.tensor([NEG, NEG / 2, 0.4 * NEG, 0.0], dtype=torch.float64)
+    best = torch.tensor([NEG, NEG / 2, 0.4 * NEG, math.log(0.25)], dtype=torch.float64)
+    assert path_probability(best, log_z).tolist() == [0.0, 0.0, 1.0, 0.25]
