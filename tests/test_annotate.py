@@ -1049,7 +1049,20 @@ def test_the_command_passes_update_and_says_what_it_annotated_again(monkeypatch,
     assert cli_main(["model", "in.jsonl", "out", "--update"]) == 0
     assert "2 kept from an earlier run, 1 changed since then" in capsys.readouterr().out
     assert cli_main(["model", "in.jsonl", "out"]) == 0 and calls == [True, False]
-    assert "changed since" not in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "changed since" not in printed
+    assert printed.startswith("30 documents in 3 shards, 2 kept from an earlier run; 7 entities ")
+
+
+def test_the_command_counts_one_document_shard_and_entity_in_the_singular(monkeypatch, capsys):
+    from spacy_fsemicrf.annotate import engine
+
+    monkeypatch.setattr(engine, "annotate", lambda model, input_path, output, **kwargs:
+                        engine.Summary(docs=1, shards=1, skipped_shards=0, entities=1, workers=1,
+                                       seconds=0.5, entities_path=Path("out/entities.jsonl")))
+    assert cli_main(["model", "in.jsonl", "out"]) == 0
+    assert capsys.readouterr().out == (
+        "1 document in 1 shard; 1 entity in out/entities.jsonl; 0.5 s\n")
 
 
 def test_the_module_command_dispatches(capsys):

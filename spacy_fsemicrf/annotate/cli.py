@@ -2,7 +2,7 @@
 import argparse
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from .inputs import DEFAULT_SHARD_SIZE, AnnotateError
 
@@ -58,6 +58,12 @@ def main(argv: List[str]) -> int:
     kept = f", {summary.skipped_shards} kept from an earlier run" if summary.skipped_shards else ""
     if summary.changed_shards:
         kept += f", {summary.changed_shards} changed since then"
-    print(f"{summary.docs} documents in {summary.shards} shards{kept}; {summary.entities} "
-          f"entities in {summary.entities_path}; {summary.seconds:.1f} s")
+    print(f"{_count(summary.docs, 'document')} in {_count(summary.shards, 'shard')}{kept}; "
+          f"{_count(summary.entities, 'entity', 'entities')} in {summary.entities_path}; "
+          f"{summary.seconds:.1f} s")
     return 0
+
+
+def _count(n: int, one: str, many: Optional[str] = None) -> str:
+    """``n`` and the noun, singular for 1 ("1 shard", "3 shards")."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
