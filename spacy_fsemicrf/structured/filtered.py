@@ -36,7 +36,7 @@ from .compaction import (
     HostClusters, HostLogPartition, ScanBlock, compact, disjoint, host_array, solve_host,
     to_device,
 )
-from .semiring import lse, logaddexp, masked_fill_neg, neg_value, wide
+from .semiring import lse, logaddexp, masked_fill_neg, neg_value, raised_to_neg, wide
 from .spans import (
     check_lengths,
     check_sentence_starts,
@@ -512,13 +512,13 @@ def _solve(
     n, device = index.numel(), scores.device
     # a node scored -inf is on no path: as NEG, since -inf would make the solvers' differences
     # of scores NaN (what the grid functions and the node sets share)
-    scores = scores.clamp_min(neg_value(scores.dtype))
+    scores = raised_to_neg(scores)
     if transitions is not None:  # in the scores' precision, as the other structured heads
         if labels is None:  # (without them every node would read the null label's row)
             raise ValueError("transitions need the nodes' labels")
         # and -inf raised to NEG, as the scores: a label that only -inf enters made the scan's
         # log-sums NaN (log Z and every marginal), where a path of finite score remained
-        transitions = transitions.to(scores.dtype).clamp_min(neg_value(scores.dtype))
+        transitions = raised_to_neg(transitions, scores.dtype)
     want_best = mode in ("viterbi", "decode")
     want_marginals = mode in ("marginals", "decode")
     comp = compact(index, shape, by_cluster=transitions is None)

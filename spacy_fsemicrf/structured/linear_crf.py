@@ -21,7 +21,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
-from .semiring import NEG, logsumexp, lse, masked_fill_neg, neg_value
+from .semiring import NEG, logsumexp, lse, masked_fill_neg, neg_value, raised_to_neg
 from .spans import (
     check_gold_spans,
     check_integer,
@@ -244,11 +244,10 @@ def _prepared(
     """``emissions`` and ``transitions`` (in the emissions' dtype, masked where ``allowed`` is
     False) with -inf raised to NEG: a position or a tag that only -inf reaches would make
     :func:`lse` NaN (as the semi-CRF, a -inf score is in no sequence with any probability)."""
-    neg = neg_value(emissions.dtype)
-    T = transitions.to(emissions.dtype).clamp_min(neg)
+    T = raised_to_neg(transitions, emissions.dtype)
     if allowed is not None:
         T = masked_fill_neg(T, allowed.to(T.device))
-    return emissions.clamp_min(neg), T
+    return raised_to_neg(emissions), T
 
 
 def _forward(

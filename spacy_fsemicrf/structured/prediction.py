@@ -11,7 +11,7 @@ import torch
 
 from .constrained import ConstraintReport
 from .constraints import DocConstraints
-from .semiring import NEG
+from .semiring import neg_value
 
 Decoded = Tuple[torch.Tensor, torch.Tensor]
 
@@ -53,15 +53,15 @@ def path_probability(
     """``[B]``: ``exp(score - log Z)`` of each document's returned path: the constrained
     path's score where a report says the constraints changed it, and 0 where ``outside``
     (``BoolTensor[B]``) says the returned path is not one of the distribution's, or where
-    ``log_z`` is at or below ``NEG / 2``: every path is ``-inf``, there is no distribution
-    (the path returned, of no entity, scored about as low as log Z, which gave it 1)."""
+    ``log_z`` is at or below ``NEG / 2`` (as its dtype holds NEG): every path is ``-inf``,
+    there is no distribution (the path returned, of no entity, scored about as low as log Z,
+    which gave it 1)."""
     score = best_score.detach().double().clone()
     for i, report in enumerate(reports or ()):
         if report is not None and report.status == "optimal":
             score[i] = report.score
-    log_z = log_z.detach().double()
-    prob = (score - log_z).clamp_max(0.0).exp()
-    none = log_z <= NEG / 2
+    none = log_z.detach() <= neg_value(log_z.dtype) / 2  # (as the solvers say it)
+    prob = (score - log_z.detach().double()).clamp_max(0.0).exp()
     if outside is not None:
         none = none | outside.to(prob.device)
     prob = torch.where(none, torch.zeros_like(prob), prob)

@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .semiring import lse, masked_fill_neg, neg_value
+from .semiring import lse, masked_fill_neg, neg_value, raised_to_neg
 from .spans import (
     check_gold_spans,
     check_lengths,
@@ -142,7 +142,7 @@ def semicrf_log_partition(
         return _zeros_connected(scores, transitions)
     lengths = lengths.to(scores.device).long()
     # (logsumexp over a window of -inf alone, a label ending where it cannot, would be NaN)
-    E = _by_end(_masked_scores(scores.clamp_min(neg_value(scores.dtype)), lengths))
+    E = _by_end(_masked_scores(raised_to_neg(scores), lengths))
     if transitions is None:
         # The labels do not interact across segments: reduce them before the scan.
         E = lse(E, -1)  # [B, L, K]
@@ -155,7 +155,7 @@ def semicrf_log_partition(
             alphas.append(lse(cand, 1))
         return torch.stack(alphas, 1).gather(1, lengths.view(-1, 1)).squeeze(1)
     # -inf raised to NEG, as the scores: a label that only -inf enters made the log-sums NaN
-    T = transitions.to(scores.dtype).clamp_min(neg_value(scores.dtype))
+    T = raised_to_neg(transitions, scores.dtype)
     enter_T = T[:, :C].t().contiguous()  # [C (next), C + 1 (prev, START last)]
     states = [_start_state(B, C, scores)]
     enters: List[torch.Tensor] = []

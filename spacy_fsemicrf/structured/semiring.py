@@ -30,6 +30,14 @@ def wide(scores: torch.Tensor) -> torch.Tensor:
     return scores if scores.dtype == torch.float64 else scores.float()
 
 
+def raised_to_neg(scores: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``scores`` (in ``dtype`` if given) with every entry below :data:`NEG` raised to it: a
+    score or transition of -inf is on no path with any probability, as NEG, where -inf would
+    make the log-sums of a label or position that only -inf reaches NaN."""
+    scores = scores if dtype is None else scores.to(dtype)
+    return scores.clamp_min(neg_value(scores.dtype))
+
+
 def masked_fill_neg(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Return ``scores`` with the entries where ``keep`` is False replaced by :data:`NEG`."""
     return torch.where(keep, scores, scores.new_full((), neg_value(scores.dtype)))
