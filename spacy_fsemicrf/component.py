@@ -453,7 +453,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             labels = check_labels(labels, self.name)
         sample: List[Doc] = []
         found = set()
-        n_ents = n_wide = widest = n_examples = n_annotated = 0
+        n_ents = n_wide = n_examples = n_annotated = 0
         seen = set()  # the texts of the gold entities
         learnable: Set[str] = set()  # the labels of a gold entity at most max_width wide
         wide_labels: Dict[str, int] = {}  # the labels of the wider ones, and their widest
@@ -472,7 +472,6 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 for ent in eg.get_aligned_spans_y2x(ents, allow_overlap=False):
                     if len(ent) > self.max_width:
                         n_wide += 1
-                        widest = max(widest, len(ent))
                         wide_labels[ent.label_] = max(wide_labels.get(ent.label_, 0), len(ent))
                     else:
                         learnable.add(ent.label_)
@@ -524,14 +523,12 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 n_wide,
                 n_ents,
                 self.max_width,
-                widest,
+                max(wide_labels.values()),
             )
         self.n_wide_dropped = self.widest_dropped = self.n_misaligned_dropped = 0
         self._unlearned_labels = set(self.labels) - learnable if self.span_head else set()
         self._warned_wide_labels = set()
-        self._report_wide_labels(
-            {label: width for label, width in wide_labels.items() if label not in learnable},
-            "the initialization examples")
+        self._report_wide_labels(wide_labels, "the initialization examples")
         self.calibration = None  # a new model: the scores need a new map
         # no warning while it is trained and evaluated: the map comes when it is saved
         # ([training.before_to_disk]) or from the calibrate command; loading arms it again
@@ -641,7 +638,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         wrong: List[Tuple[int, int, int, int]] = []
         mask = numpy.zeros((len(examples),), dtype=bool)
         known: List[Optional[numpy.ndarray]] = [None] * len(examples)
-        n_wide = widest = n_misaligned = 0
+        n_wide = n_misaligned = 0
         wide_labels: Dict[str, int] = {}  # the labels of the wide entities, and their widest
         for i, eg in enumerate(examples):
             split = example_entities(eg, limit)
@@ -667,16 +664,14 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 wrong.extend((i, *row) for row in negatives)
             n_misaligned += len(split.misaligned)
             n_wide += len(split.wide)
-            widest = max([widest] + [len(ent) for ent in split.wide])
             for ent in split.wide:
                 wide_labels[ent.label_] = max(wide_labels.get(ent.label_, 0), len(ent))
-            self._unlearned_labels.difference_update(ent.label_ for ent in split.kept)
+            if self._unlearned_labels:  # (empty once every label has met a narrow entity)
+                self._unlearned_labels.difference_update(ent.label_ for ent in split.kept)
             known[i] = known_tokens(eg, split.misaligned, split.wide)
         if n_wide:
-            self._report_wide(n_wide, widest)
-            self._report_wide_labels(
-                {label: width for label, width in wide_labels.items()
-                 if label in self._unlearned_labels}, "training so far")
+            self._report_wide(n_wide, max(wide_labels.values()))
+            self._report_wide_labels(wide_labels, "training so far")
         if n_misaligned:
             self._report_misaligned(n_misaligned)
         return TrainingGold(
@@ -723,9 +718,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
 
     def _report_wide_labels(self, wide_labels: Dict[str, int], where: str) -> None:
         """Warn, once per label, that a label of ``wide_labels`` (label: its widest gold
-        entity) has no gold entity at most ``max_width`` wide in ``where``: it is never
-        predicted until training reads one."""
-        for label in sorted(set(wide_labels) - self._warned_wide_labels):
+        entity in ``where``) that has not met a gold entity at most ``max_width`` wide
+        (:attr:`_unlearned_labels`) is never predicted until training reads one."""
+        for label in sorted(set(wide_labels) & self._unlearned_labels - self._warned_wide_labels):
             self._warned_wide_labels.add(label)
             logger.warning(
                 "%s: every gold entity of the label %r in %s is wider than max_width=%d "
