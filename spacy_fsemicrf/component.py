@@ -275,10 +275,11 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         apart from the others."""
         self.widest_dropped = 0
         self._unlearned_labels: Set[str] = set()
-        """The labels of a span head that no gold entity at most ``max_width`` wide has been
-        trained on yet (those of the initialization examples, and those added to a trained
-        component): one whose gold entities are all wider is never predicted."""
-        self._warned_wide_labels: Set[str] = set()  # (warned once per label)
+        """The labels that no gold entity the head can learn from (on token edges of the
+        predicted document and, for a span head, at most ``max_width`` wide) has been trained
+        on yet (those of the initialization examples, and those added to a trained component):
+        one whose gold entities are all left out is never predicted."""
+        self._warned_unlearned_labels: Set[str] = set()  # (warned once per label)
 
     def __reduce__(self) -> Tuple[Any, ...]:
         """Pickle as spaCy's pipes do; pickled to start a process (``nlp.pipe(n_process=N)``
@@ -429,8 +430,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             # as spaCy's ner grows its output layer: the existing labels keep their scores,
             # the new one is learned by training further
             model_add_labels(self.model, 1)
-            if self.span_head:
-                self._unlearned_labels.add(label)
+            self._unlearned_labels.add(label)
             logger.info("%s: added the label %r to the trained component (it is learned by "
                         "training further)", self.name, label)
         self.cfg["labels"].append(label)
@@ -447,7 +447,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         labels: Optional[List[str]] = None,
     ) -> None:
         """Set the labels (``labels`` or every entity label in the examples, sorted), report
-        gold entities wider than ``max_width`` and build the model."""
+        gold entities wider than ``max_width`` and the labels none of whose gold entities the
+        head can learn from, and build the model."""
         validate_get_examples(get_examples, "FSemiCRFEntityRecognizer.initialize")
         if labels is not None:
             labels = check_labels(labels, self.name)
@@ -455,8 +456,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         found = set()
         n_ents = n_wide = n_examples = n_annotated = 0
         seen = set()  # the texts of the gold entities
-        learnable: Set[str] = set()  # the labels of a gold entity at most max_width wide
+        limit = self.max_width if self.span_head else None
+        learnable: Set[str] = set()  # the labels of a gold entity the head can learn from
         wide_labels: Dict[str, int] = {}  # the labels of the wider ones, and their widest
+        misaligned_labels: Set[str] = set()  # those of the ones off the predicted tokens
         for eg in get_examples():
             n_examples += 1
             n_annotated += eg.reference.has_annotation("ENT_IOB")
@@ -465,16 +468,16 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             for ent in ents:
                 found.add(ent.label_)
                 n_ents += 1
-            if ents and self.span_head:
-                # widths in the tokens the head learns from (get_gold's): those of the
-                # predicted document, which the tokenizer may split finer than the corpus
-                # (Chinese characters against a corpus's words)
-                for ent in eg.get_aligned_spans_y2x(ents, allow_overlap=False):
-                    if len(ent) > self.max_width:
-                        n_wide += 1
-                        wide_labels[ent.label_] = max(wide_labels.get(ent.label_, 0), len(ent))
-                    else:
-                        learnable.add(ent.label_)
+            # split as get_gold splits them: widths in the tokens of the predicted document,
+            # which the tokenizer may split finer than the corpus (Chinese characters against a
+            # corpus's words), or otherwise (an entity's edge inside a token)
+            split = example_entities(eg, limit) if ents else None
+            if split is not None:
+                learnable.update(ent.label_ for ent in split.kept)
+                misaligned_labels.update(ent.label_ for ent in split.misaligned)
+                n_wide += len(split.wide)
+                for ent in split.wide:
+                    wide_labels[ent.label_] = max(wide_labels.get(ent.label_, 0), len(ent))
             if len(sample) < 10:
                 sample.append(eg.predicted)
         # Labels added before (add_label) come first, then `labels` or those of the examples.
@@ -526,9 +529,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 max(wide_labels.values()),
             )
         self.n_wide_dropped = self.widest_dropped = self.n_misaligned_dropped = 0
-        self._unlearned_labels = set(self.labels) - learnable if self.span_head else set()
-        self._warned_wide_labels = set()
-        self._report_wide_labels(wide_labels, "the initialization examples")
+        self._unlearned_labels = set(self.labels) - learnable
+        self._warned_unlearned_labels = set()
+        self._report_unlearned_labels(wide_labels, misaligned_labels, "the initialization examples")
         self.calibration = None  # a new model: the scores need a new map
         # no warning while it is trained and evaluated: the map comes when it is saved
         # ([training.before_to_disk]) or from the calibrate command; loading arms it again
@@ -640,6 +643,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         known: List[Optional[numpy.ndarray]] = [None] * len(examples)
         n_wide = n_misaligned = 0
         wide_labels: Dict[str, int] = {}  # the labels of the wide entities, and their widest
+        misaligned_labels: Set[str] = set()  # those of the misaligned ones, of unlearned labels
         for i, eg in enumerate(examples):
             split = example_entities(eg, limit)
             negatives = self._incorrect_rows(eg, label_ids, limit)
@@ -666,14 +670,16 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             n_wide += len(split.wide)
             for ent in split.wide:
                 wide_labels[ent.label_] = max(wide_labels.get(ent.label_, 0), len(ent))
-            if self._unlearned_labels:  # (empty once every label has met a narrow entity)
+            if self._unlearned_labels:  # (empty once every label has met a learnable entity)
                 self._unlearned_labels.difference_update(ent.label_ for ent in split.kept)
+                misaligned_labels.update(ent.label_ for ent in split.misaligned)
             known[i] = known_tokens(eg, split.misaligned, split.wide)
         if n_wide:
             self._report_wide(n_wide, max(wide_labels.values()))
-            self._report_wide_labels(wide_labels, "training so far")
         if n_misaligned:
             self._report_misaligned(n_misaligned)
+        if self._unlearned_labels and (wide_labels or misaligned_labels):
+            self._report_unlearned_labels(wide_labels, misaligned_labels, "training so far")
         return TrainingGold(
             numpy.asarray(rows, dtype="int64").reshape(-1, 4), mask,
             None if all(k is None for k in known) else known,
@@ -716,18 +722,40 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 self.widest_dropped,
             )
 
-    def _report_wide_labels(self, wide_labels: Dict[str, int], where: str) -> None:
-        """Warn, once per label, that a label of ``wide_labels`` (label: its widest gold
-        entity in ``where``) that has not met a gold entity at most ``max_width`` wide
-        (:attr:`_unlearned_labels`) is never predicted until training reads one."""
-        for label in sorted(set(wide_labels) & self._unlearned_labels - self._warned_wide_labels):
-            self._warned_wide_labels.add(label)
+    def _report_unlearned_labels(
+        self, wide_labels: Dict[str, int], misaligned_labels: Set[str], where: str
+    ) -> None:
+        """Warn, once per label, that a label not learned yet (:attr:`_unlearned_labels`) whose
+        gold entities in ``where`` were left out, as wider than ``max_width`` (``wide_labels``:
+        label: its widest) or off the predicted tokens (``misaligned_labels``), is never
+        predicted until training reads one the head can learn from."""
+        met = (set(wide_labels) | misaligned_labels) & self._unlearned_labels
+        for label in sorted(met - self._warned_unlearned_labels):
+            self._warned_unlearned_labels.add(label)
             logger.warning(
-                "%s: every gold entity of the label %r in %s is wider than max_width=%d "
-                "tokens, so the label is not learned and never predicted (until training reads "
-                "one at most %d tokens wide). max_width=%d would keep them.",
-                self.name, label, where, self.max_width, self.max_width, wide_labels[label],
+                "%s: every gold entity of the label %r in %s %s", self.name, label, where,
+                self._unlearned_reason(wide_labels.get(label), label in misaligned_labels),
             )
+
+    def _unlearned_reason(self, widest: Optional[int], misaligned: bool) -> str:
+        """Why a label's gold entities were all left out (wider than ``max_width``, the widest
+        ``widest`` tokens, None if none is; edges off the predicted tokens if ``misaligned``),
+        what training must read to learn it, and what would keep them."""
+        why, need, keep = [], [], []
+        if widest is not None:
+            why.append(f"is wider than max_width={self.max_width} tokens")
+            need.append(f"at most {self.max_width} tokens wide")
+            keep.append(f"max_width={widest}")
+        if misaligned:
+            why.append("has an edge inside a token of the documents the pipeline predicts on "
+                       "(the pipeline's tokenizer splits the text otherwise than the corpus)")
+            need.append("on token edges")
+            keep.append("[corpora.train] gold_preproc = true (training on the corpus's tokens) "
+                        "or a tokenizer that splits as the corpus does")
+        which = ["them"] if len(keep) == 1 else ["the wide ones", "the others"]
+        return (f"{' or '.join(why)}, so the label is not learned and never predicted (until "
+                f"training reads one {' '.join(need)}). "
+                + "; ".join(f"{fix} would keep {them}" for fix, them in zip(keep, which)) + ".")
 
     def _report_misaligned(self, n_misaligned: int) -> None:
         before = self.n_misaligned_dropped

@@ -1,5 +1,5 @@
-"""Component methods that need no trained model: the report of gold entities too wide to learn,
-the loss of a batch, the prediction for documents without tokens."""
+"""Component methods that need no trained model: the report of gold entities too wide to learn
+or off the predicted tokens, the loss of a batch, the prediction for documents without tokens."""
 import logging
 import re
 from pathlib import Path
@@ -145,6 +145,97 @@ def _keeping_width(records) -> list:
     """The widths that the warnings of :func:`_wide_label_warnings` say would keep a label."""
     return [int(re.search(r"max_width=(\d+) would keep them\.$", r.getMessage()).group(1))
             for r in records if "every gold entity of the label" in r.getMessage()]
+
+
+LINEAR = "spacy-fsemicrf.LinearCRF.v1"
+FILTERED = "spacy-fsemicrf.FilteredSemiCRF.v1"
+OFF_TOKENS = ("has an edge inside a token of the documents the pipeline predicts on (the "
+              "pipeline's tokenizer splits the text otherwise than the corpus)")
+RETOKENIZE = ("[corpora.train] gold_preproc = true (training on the corpus's tokens) or a "
+              "tokenizer that splits as the corpus does")
+
+
+def _off_tokens(nlp, label: str) -> Example:
+    """'Paris Hilton won in Rome .' read from a corpus that splits 'Par' 'is': its gold entity
+    'is Hilton' (``label``) starts inside the predicted token 'Paris'; 'Rome' (LOC) fits."""
+    words = ["Par", "is", "Hilton", "won", "in", "Rome", "."]
+    spaces = [False, True, True, True, True, True, False]
+    tags = ["O", f"B-{label}", f"L-{label}", "O", "O", "U-LOC", "O"]
+    return Example.from_dict(nlp.make_doc("Paris Hilton won in Rome ."),
+                             {"words": words, "spaces": spaces, "entities": tags})
+
+
+def _off_tokens_label_warnings(records) -> list:
+    """The labels named by the warnings that a label's gold entities are all off the tokens."""
+    found = (re.match(rf"fsemicrf_ner: every gold entity of the label '(\w+)' in (.+) "
+                      rf"{re.escape(OFF_TOKENS)}, so the label is not learned and never "
+                      rf"predicted \(until training reads one on token edges\)\. "
+                      rf"{re.escape(RETOKENIZE)} would keep them\.$", r.getMessage())
+             for r in records)
+    return [(m.group(1), m.group(2)) for m in found if m]
+
+
+@pytest.mark.parametrize("arch", [FILTERED, LINEAR])
+def test_a_label_whose_gold_entities_are_all_off_the_predicted_tokens_is_named_once(
+        arch, caplog):
+    """A label whose every gold entity has an edge inside a predicted token joined the labels,
+    was never trained and never predicted, and only the count of such entities said so (for
+    any head): it is named once, at initialize or when training first meets it; a label with
+    one entity on token edges besides is learned, and not named."""
+    nlp, ner = _component(arch)
+    examples = make_examples(nlp) + [_off_tokens(nlp, "CORP"), _off_tokens(nlp, "PER")]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: examples)
+        assert "CORP" in ner.labels
+        assert _off_tokens_label_warnings(caplog.records) == [
+            ("CORP", "the initialization examples")]
+        caplog.clear()
+        nlp.update(examples)  # said once, not at each update
+        assert _off_tokens_label_warnings(caplog.records) == []
+        gov = [_off_tokens(nlp, "GOV")]
+        nlp.update(gov)  # a new label, added in training, with entities off the tokens only
+        nlp.update(gov)
+        assert "GOV" in ner.labels
+        assert _off_tokens_label_warnings(caplog.records) == [("GOV", "training so far")]
+        caplog.clear()
+        nlp.update([_off_tokens(nlp, "NGO")] + make_examples(nlp, [("The UN met .",
+                                                                      [(4, 6, "NGO")])]))
+        assert "NGO" in ner.labels and _off_tokens_label_warnings(caplog.records) == []
+
+
+def test_a_label_left_out_as_too_wide_and_off_the_tokens_is_named_once_with_both(caplog):
+    """A label whose gold entities are each too wide or off the predicted tokens is named in
+    one warning that gives both reasons and what would keep each kind."""
+    nlp, ner = _component(max_width=3)
+    wide = [("The Royal Bank of Scotland Group said so .", [(0, 32, "CORP")])]  # 6 tokens
+    examples = make_examples(nlp) + make_examples(nlp, wide) + [_off_tokens(nlp, "CORP")]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: examples)
+        ner.update([_off_tokens(nlp, "GOV")] + make_examples(nlp, [
+            ("The United Nations Security Council of old met .", [(0, 42, "GOV")])]))
+    named = [r.getMessage() for r in caplog.records if "of the label" in r.getMessage()]
+    assert named == [
+        f"fsemicrf_ner: every gold entity of the label {label!r} in {where} is wider than "
+        f"max_width=3 tokens or {OFF_TOKENS}, so the label is not learned and never predicted "
+        f"(until training reads one at most 3 tokens wide on token edges). max_width={widest} "
+        f"would keep the wide ones; {RETOKENIZE} would keep the others."
+        for label, where, widest in [("CORP", "the initialization examples", 6),
+                                     ("GOV", "training so far", 7)]]
+
+
+@pytest.mark.parametrize("arch", [FILTERED, LINEAR])
+def test_a_loaded_component_names_a_label_training_adds_with_entities_off_the_tokens(
+        arch, tmp_path, caplog):
+    """A loaded (or sourced) component of any head trained further on a new label whose every
+    entity is off the predicted tokens says so, as one initialized in this process does."""
+    nlp, _ = _component(arch)
+    nlp.initialize(lambda: make_examples(nlp))
+    nlp.to_disk(tmp_path / "pipeline")
+    loaded = spacy.load(tmp_path / "pipeline")
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        loaded.update([_off_tokens(loaded, "GOV")])
+    assert "GOV" in loaded.get_pipe("fsemicrf_ner").labels
+    assert _off_tokens_label_warnings(caplog.records) == [("GOV", "training so far")]
 
 
 def test_misaligned_entities_are_reported_at_each_new_power_of_ten(caplog):
