@@ -17,6 +17,7 @@ from spacy_fsemicrf.structured.compaction import compact as compact_list
 from spacy_fsemicrf.structured.filtered import (
     NodeSet,
     _inside_documents,
+    consistent_log_score,
     count_nodes,
     decode_node_set,
     filtered_decode,
@@ -822,7 +823,8 @@ def test_grids_that_do_not_fit_are_clear_errors():
     scores = torch.zeros((2, 4, 3))
     with pytest.raises(ValueError, match=r"^a node \(i, w\) must end inside the grid: i \+ w < L$"):
         filtered_log_partition(scores, mask)
-    with pytest.raises(ValueError, match=r"share one \[B, L, K\] shape, got \(2, 5, 3\), \(2, 4, 3\)"):
+    with pytest.raises(ValueError, match=r"^node_scores must be \[B, L, K\] as node_mask, "
+                                         r"\(2, 4, 3\), got \(2, 5, 3\)$"):
         filtered_viterbi(torch.zeros((2, 5, 3)), mask)
 
 
@@ -1023,9 +1025,8 @@ def test_grids_of_other_shapes_are_a_clear_error_naming_them():
     mask = torch.zeros(1, 4, 2, dtype=torch.bool)
     mask[0, 1, 0] = True
     labels = torch.ones(1, 4, 3, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"^node scores, mask and labels must share one \[B, L, "
-                                         r"K\] shape, got \(1, 4, 2\), \(1, 4, 2\) and "
-                                         r"\(1, 4, 3\)$"):
+    with pytest.raises(ValueError, match=r"^node_labels must be \[B, L, K\] as node_mask, "
+                                         r"\(1, 4, 2\), got \(1, 4, 3\)$"):
         filtered_log_partition(torch.zeros(1, 4, 2), mask, labels)
 
 
@@ -1111,3 +1112,159 @@ def test_a_nan_margin_is_a_clear_error():
         with pytest.raises(ValueError, match="^the filter's margin must be a number, got nan$"):
             call(float("nan"))
         call(float("inf"))  # keeps every span
+
+
+def _path_grids():
+    """``(scores, path, labels, T)``: a batch of two documents of 4 tokens, K = 3, with a path
+    of one node in each and transitions of 2 labels."""
+    gen = torch.Generator().manual_seed(0)
+    path = torch.zeros((2, 4, 3), dtype=torch.bool)
+    path[0, 0, 1] = path[1, 2, 0] = True
+    labels = torch.ones((2, 4, 3), dtype=torch.long)
+    T = torch.randn((3, 3), generator=gen, dtype=DTYPE)
+    return torch.randn((2, 4, 3), generator=gen, dtype=DTYPE), path, labels, T
+
+
+@pytest.mark.parametrize("argument, bad, got", [
+    ("scores", lambda x: x[0], (4, 3)),
+    ("scores", lambda x: x[:1], (1, 4, 3)),
+    ("scores", lambda x: torch.cat([x, x[:, :, :1]], 2), (2, 4, 4)),
+    ("scores", lambda x: x.unsqueeze(-1), (2, 4, 3, 1)),
+    ("path", lambda x: x[0], (4, 3)),
+    ("path", lambda x: x.unsqueeze(-1), (2, 4, 3, 1)),
+    ("labels", lambda x: x[0], (4, 3)),
+    ("labels", lambda x: torch.cat([x, x[:, :, :1]], 2), (2, 4, 4)),
+], ids=["one-document", "one-document-batched", "wider", "4-d", "path-2-d", "path-4-d",
+        "labels-2-d", "labels-wider"])
+def test_path_score_grids_of_another_shape_are_a_clear_error(argument, bad, got):
+    """path_score read its grids without a look at their shapes: one document's scores
+    broadcast to the whole batch (each document's gold score read at the first one's spans)
+    and labels of a wider grid were read at other spans, both without an error; the other
+    shapes failed with PyTorch's own errors (an IndexError, "not enough values to
+    unpack")."""
+    scores, path, labels, T = _path_grids()
+    grids = {"scores": scores, "path": path, "labels": labels}
+    grids[argument] = bad(grids[argument])
+    name = {"scores": "node_scores", "path": "path_mask", "labels": "node_labels"}[argument]
+    like = "" if argument == "path" else r" as path_mask, \(2, 4, 3\)"
+    message = rf"^{name} must be \[B, L, K\]{like}, got {re.escape(str(got))}$"
+    with pytest.raises(ValueError, match=message):
+        path_score(grids["scores"], grids["path"], grids["labels"], T)
+
+
+@pytest.mark.parametrize("call", [
+    lambda s, m, l, t: filtered_log_partition(s, m, l, t),
+    lambda s, m, l, t: filtered_viterbi(s, m, l, t),
+    lambda s, m, l, t: filtered_marginals(s, m, l, t),
+    lambda s, m, l, t: filtered_decode(s, m, l, t),
+    lambda s, m, l, t: consistent_log_score(s, m, m, m, l, t),
+], ids=["log_partition", "viterbi", "marginals", "decode", "consistent_log_score"])
+@pytest.mark.parametrize("use_t", [False, True])
+def test_grids_without_the_batch_axis_are_a_clear_error(call, use_t):
+    """One document's grids without the batch axis raised "not enough values to unpack"
+    from inside the solver."""
+    scores, mask, labels, T = _path_grids()
+    with pytest.raises(ValueError, match=r"^node_mask must be \[B, L, K\], got \(4, 3\)$"):
+        call(scores[0], mask[0], labels[0], T if use_t else None)
+
+
+@pytest.mark.parametrize("argument, shape", [("gold_mask", (4, 3)), ("gold_mask", (1, 4, 3)),
+                                             ("unknown", (4, 3)), ("unknown", (2, 4, 4))])
+def test_consistent_log_score_masks_of_another_shape_are_a_clear_error(argument, shape):
+    """The gold and unknown masks were combined with the node mask before any check: one
+    document's (or one without the batch axis) broadcast to the whole batch, and the log
+    partition of another graph came back without an error."""
+    scores, mask, labels, T = _path_grids()
+    masks = {"gold_mask": mask, "unknown": mask}
+    masks[argument] = torch.zeros(shape, dtype=torch.bool)
+    message = (rf"^{argument} must be \[B, L, K\] as node_mask, \(2, 4, 3\), got "
+               rf"{re.escape(str(shape))}$")
+    with pytest.raises(ValueError, match=message):
+        consistent_log_score(scores, mask, masks["gold_mask"], masks["unknown"], labels, T)
+
+
+@pytest.mark.parametrize("argument, shape, message", [
+    ("gold_grid", (1, 4, 3), r"^gold_grid must be \[B, L, K\] as the local scores, \(2, 4, 3\), "
+                             r"got \(1, 4, 3\)$"),
+    ("gold_grid", (4, 3), r"^gold_grid must be \[B, L, K\] as the local scores, \(2, 4, 3\), "
+                          r"got \(4, 3\)$"),
+    ("gold_grid", (2, 4, 4), r"^gold_grid must be \[B, L, K\] as the local scores, \(2, 4, 3\), "
+                             r"got \(2, 4, 4\)$"),
+    ("unknown", (4, 3), r"^unknown must be \[B, L, K\] as the local scores, \(2, 4, 3\), got "
+                        r"\(4, 3\)$"),
+    ("unknown", (2, 4, 4), r"^unknown must be \[B, L, K\] as the local scores, \(2, 4, 3\), got "
+                           r"\(2, 4, 4\)$"),
+    ("incorrect", (2, 4, 3, 4), r"^incorrect must be \[B, L, K, C\] as the local scores, "
+                                r"\(2, 4, 3, 3\), got \(2, 4, 3, 4\)$"),
+    ("incorrect", (1, 4, 3, 3), r"^incorrect must be \[B, L, K, C\] as the local scores, "
+                                r"\(2, 4, 3, 3\), got \(1, 4, 3, 3\)$"),
+    ("incorrect", (2, 4, 3), r"^incorrect must be \[B, L, K, C\] as the local scores, "
+                             r"\(2, 4, 3, 3\), got \(2, 4, 3\)$"),
+])
+def test_training_node_grids_of_another_shape_are_a_clear_error(argument, shape, message):
+    """training_nodes combined its grids with the filter's by broadcasting: one document's gold
+    grid (or unknown spans) was taken for every document, and incorrect labels of a wider
+    grid were read as this one's, without an error; the other shapes failed inside PyTorch
+    ("The size of tensor a (3) must match ...", "Index tensor must have the same number of
+    dimensions ...")."""
+    gen = torch.Generator().manual_seed(0)
+    local, lengths = torch.randn((2, 4, 3, 3), generator=gen), torch.tensor([4, 3])
+    grids = {"gold_grid": torch.zeros((2, 4, 3), dtype=torch.long), "unknown": None,
+             "incorrect": None}
+    grids[argument] = torch.zeros(shape, dtype=torch.long if argument == "gold_grid" else
+                                  torch.bool)
+    with pytest.raises(ValueError, match=message):
+        training_nodes(local, lengths, grids["gold_grid"], unknown=grids["unknown"],
+                       incorrect=grids["incorrect"])
+
+
+@pytest.mark.parametrize("index, message", [
+    ([24], r"^node indices must lie in 0\.\.23 on a \(2, 4, 3\) grid, got 24$"),
+    ([1, 100], r"^node indices must lie in 0\.\.23 on a \(2, 4, 3\) grid, got 100$"),
+    ([-1], r"^node indices must lie in 0\.\.23 on a \(2, 4, 3\) grid, got -1$"),
+    ([[1]], r"^node_index must be \[n\], got \(1, 1\)$"),
+    ([1.0], r"^node_index must be an integer tensor, got torch.float32$"),
+    ([True] + [False] * 23, r"^node_index must be an integer tensor, got torch.bool$"),
+], ids=["past-the-batch", "far-past", "negative", "2-d", "float", "bool-mask"])
+@pytest.mark.parametrize("use_t", [False, True])
+def test_a_node_index_off_the_grid_is_a_clear_error(index, message, use_t):
+    """node_index indexed the grids before the compaction checked it: an index past the batch
+    raised an IndexError, -1 was called a node that does not end inside the grid, one of
+    another rank failed in an output's broadcast, and a bool mask was read as the node scores
+    it selects and then called out of grid order."""
+    scores, mask, labels, T = _path_grids()
+    with pytest.raises(ValueError, match=message):
+        filtered_log_partition(scores, mask, labels, T if use_t else None, torch.tensor(index))
+
+
+@pytest.mark.parametrize("part, value, message", [
+    ("scores", torch.tensor([0.5, 1.0]), r"^nodes\.scores must be \[n\] as nodes\.index, \(3,\), "
+                                         r"got \(2,\)$"),
+    ("scores", torch.tensor([0.5, 1.0, 0.25, 2.0]), r"^nodes\.scores must be \[n\] as "
+                                                    r"nodes\.index, \(3,\), got \(4,\)$"),
+    ("scores", torch.tensor([[0.5], [1.0], [0.25]]), r"^nodes\.scores must be \[n\] as "
+                                                     r"nodes\.index, \(3,\), got \(3, 1\)$"),
+    ("labels", torch.tensor([1, 1]), r"^nodes\.labels must be \[n\] as nodes\.index, \(3,\), "
+                                     r"got \(2,\)$"),
+    ("index", torch.tensor([[1, 2, 4]]), r"^nodes\.index must be \[n\], got \(1, 3\)$"),
+    ("shape", (4, 3), r"^nodes\.shape must be the grid's \(B, L, K\), got \(4, 3\)$"),
+], ids=["scores-short", "scores-long", "scores-2-d", "labels-short", "index-2-d", "shape"])
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("solve", ["decode", "viterbi", "solve"])
+def test_a_node_set_of_parts_that_do_not_fit_is_a_clear_error(part, value, message, overlap,
+                                                               solve):
+    """A NodeSet is built by hand too: scores of another length failed deep inside NumPy
+    ("operands could not be broadcast") or an IndexError, or, where no two nodes overlap,
+    were not looked at (a list one too long decoded without an error); a 2-d index was read
+    flat, and a shape of two sizes failed unpacking it."""
+    index = torch.tensor([1, 2, 4] if overlap else [1, 4, 7])  # (0..1, 0..2, 1..2) or apart
+    parts = {"index": index, "labels": torch.tensor([1, 1, 2]),
+             "scores": torch.tensor([0.5, 1.0, 0.25]), "shape": (1, 4, 3)}
+    parts[part] = value
+    nodes = NodeSet(parts["index"], parts["labels"], parts["scores"], parts["shape"])
+    T = torch.zeros((3, 3)) if part == "labels" else None  # (labels matter with transitions)
+    run = {"decode": lambda: decode_node_set(nodes, T),
+           "viterbi": lambda: decode_node_set(nodes, T, marginals=False),
+           "solve": lambda: solve_node_set(nodes, T, "log_z")}[solve]
+    with pytest.raises(ValueError, match=message):
+        run()

@@ -865,6 +865,109 @@ def test_lengths_that_do_not_match_the_batch_are_a_clear_error(name, x_shape, le
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("call", ["decode", "loss", "nbest"])
+@pytest.mark.parametrize("context_depth", [0, 1])
+def test_token_vectors_of_another_width_are_a_clear_error(name, call, context_depth):
+    """Vectors of another width than the head's input_width failed in a matrix product
+    ("mat1 and mat2 shapes cannot be multiplied") or in the BiLSTM, naming neither."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K, context_depth=context_depth).eval()
+    X, lengths = torch.randn(2, 5, D + 1), torch.tensor([5, 3])
+    run = {"decode": lambda: head(X, lengths),
+           "loss": lambda: head.train()(X, lengths, torch.tensor([[0, 1, 2, 1]])),
+           "nbest": lambda: head.nbest(X, lengths, 2)}[call]
+    with pytest.raises(ValueError, match=rf"^X must be \[B, L, D\] as the head's input_width, "
+                                         rf"\(B, L, {D}\), got \(2, 5, {D + 1}\)$"):
+        run()
+
+
+def _decode_on_classes(name, n_classes):
+    """A head of ``name`` with M labels and a function that decodes its scores for a batch of
+    two documents of 5 tokens, cut or padded to ``n_classes`` classes (labels and null, or
+    tags), and their shape."""
+    torch.manual_seed(0)
+    head = HEADS[name](D, M, max_width=K).eval()
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 3])
+
+    def resized(scores):
+        extra = n_classes - scores.shape[-1]
+        if extra <= 0:
+            return scores[..., :n_classes]
+        return torch.cat([scores, scores[..., 1:].amax(-1, keepdim=True).expand(
+            *scores.shape[:-1], extra) + 10.0], -1)  # labels the head lacks score best
+
+    with torch.no_grad():
+        if name == "FilteredSemiCRF":
+            local, glob = (resized(x) for x in head.span_scores(X, lengths))
+            return (lambda: head.decode(local, glob, lengths)), tuple(local.shape)
+        if name == "SemiCRF":
+            scores = resized(head.span_scores(X, lengths))
+            return (lambda: head.decode(scores, lengths)), tuple(scores.shape)
+        emissions = resized(head.emissions(X, lengths))
+        return (lambda: head.decode(emissions, lengths)), tuple(emissions.shape)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("change", [-1, 1])
+def test_decoding_scores_of_another_label_set_is_a_clear_error(name, change):
+    """decode is public and took scores of any number of classes: the span heads decoded
+    entities of labels they do not have (or, for fewer classes, as if they had fewer), or
+    failed inside PyTorch with transitions (a size mismatch); the linear CRF raised an
+    IndexError."""
+    want = M + 1 if name != "LinearCRF" else tag_scheme(M, "BIO").n_tags
+    decode, shape = _decode_on_classes(name, want + change)
+    argument, layout, classes = {
+        "FilteredSemiCRF": ("local", r"\[B, L, K, C\]", f"{M} labels and null"),
+        "SemiCRF": ("scores", r"\[B, L, K, C\]", f"{M} labels and null"),
+        "LinearCRF": ("emissions", r"\[B, L, T\]", f"{want} BIO tags"),
+    }[name]
+    free = "B, L, K" if name != "LinearCRF" else "B, L"
+    message = (rf"^{argument} must be {layout} as the head's {classes}, \({free}, {want}\), got "
+               + re.escape(str(shape)) + "$")
+    with pytest.raises(ValueError, match=message):
+        decode()
+
+
+@pytest.mark.parametrize("local_change, glob_change, message", [
+    (-1, -1, rf"^local must be \[B, L, K, C\] as the head's {M} labels and null, "
+             rf"\(B, L, K, {M + 1}\), got \(2, 5, {K}, {M}\)$"),
+    (0, -1, rf"^glob must be \[B, L, K, C\] as local, \(2, 5, {K}, {M + 1}\), got "
+            rf"\(2, 5, {K}, {M}\)$"),
+], ids=["fewer-labels", "glob-of-fewer-labels"])
+def test_the_filtered_loss_of_scores_of_another_label_set_is_a_clear_error(
+        local_change, glob_change, message):
+    """The filtered head's loss took local scores of fewer classes for a loss over fewer
+    labels, without an error, and global scores of another shape than the local ones failed
+    inside PyTorch (an IndexError or "Size does not match")."""
+    torch.manual_seed(0)
+    head = FilteredSemiCRFHead(D, M, max_width=K)
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 3])
+    local, glob = head.span_scores(X, lengths)
+    local, glob = local[..., :M + 1 + local_change], glob[..., :M + 1 + glob_change]
+    with pytest.raises(ValueError, match=message):
+        head.loss(local, glob, lengths, torch.tensor([[0, 1, 2, 1]]))
+
+
+@pytest.mark.parametrize("shape", [(5, D), (1, 5, D), (2, 4, D), (2, 5, D - 1)],
+                         ids=["one-document", "fewer-documents", "fewer-tokens", "width"])
+def test_mean_field_token_vectors_of_another_shape_are_a_clear_error(shape):
+    """decode (and refine) take the token vectors of a head with mean-field layers: another
+    shape failed in a reshape ("shape '[10, 8]' is invalid for input of size 40") or a
+    matrix product, naming neither."""
+    torch.manual_seed(0)
+    head = FilteredSemiCRFHead(D, M, max_width=K, mean_field=1).eval()
+    X, lengths = torch.randn(2, 5, D), torch.tensor([5, 3])
+    with torch.no_grad():
+        local, glob = head.span_scores(X, lengths)
+        local[..., 1] += 5.0  # every candidate a node
+        head.decode(local, glob, lengths, tokens=X)  # (the vectors of these scores decode)
+        message = (rf"^tokens must be \[B, L, D\] as glob's documents and tokens and the "
+                   rf"head's token width, \(2, 5, {D}\), got {re.escape(str(shape))}$")
+        with pytest.raises(ValueError, match=message):
+            head.decode(local, glob, lengths, tokens=torch.randn(shape))
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
 @pytest.mark.parametrize("lengths, bad", [([5, 7], 7), ([5, -1], -1), ([-2, 9], -2)])
 @pytest.mark.parametrize("call", ["decode", "loss", "nbest"])
 def test_lengths_outside_the_rows_of_x_are_a_clear_error(name, lengths, bad, call):

@@ -1,4 +1,6 @@
 """Candidate spans, gold grids and span featurizers."""
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -206,6 +208,34 @@ def test_featurizer_needs_the_document_mean_exactly_when_it_has_doc_vector():
         SpanFeaturizer(5, 4, 3, "sum", doc_vector=True)(x)
     with pytest.raises(ValueError, match=message):
         SpanFeaturizer(5, 4, 3, "sum")(x, torch.zeros(1, 5))
+
+
+@pytest.mark.parametrize("span_repr", SPAN_REPRS)
+@pytest.mark.parametrize("shape", [(4, 5), (2, 4, 6), (2, 4, 5, 1)],
+                         ids=["one-document", "width", "4-d"])
+@pytest.mark.parametrize("call", ["forward", "terms"])
+def test_featurizer_takes_batched_vectors_of_its_input_width_only(span_repr, shape, call):
+    """Vectors of another width failed in a matrix product ("mat1 and mat2 shapes cannot be
+    multiplied"), and one document without its batch axis failed elsewhere in each
+    representation ("not enough values to unpack", a size mismatch), or gave the terms of a
+    grid of 4 documents of 5 tokens (endpoints, max) without an error."""
+    featurizer = SpanFeaturizer(5, 4, 3, span_repr)
+    message = (r"^x must be \[B, L, D\] as the featurizer's input_width, \(B, L, 5\), got "
+               + re.escape(str(shape)) + "$")
+    with pytest.raises(ValueError, match=message):
+        getattr(featurizer, call)(torch.randn(shape))
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (3, 5), (5,), (2, 4)],
+                         ids=["one-row", "more-rows", "1-d", "width"])
+def test_featurizer_takes_one_document_vector_per_document(shape):
+    """A document term of one row was added to every document of the batch without an error;
+    the other shapes failed inside PyTorch."""
+    featurizer = SpanFeaturizer(5, 4, 3, "sum", doc_vector=True)
+    message = (r"^doc must be \[B, D\] as x's documents and the featurizer's input_width, "
+               r"\(2, 5\), got " + re.escape(str(shape)) + "$")
+    with pytest.raises(ValueError, match=message):
+        featurizer(torch.randn(2, 4, 5), torch.randn(shape))
 
 
 def test_document_mean_leaves_out_padding_and_empty_documents():

@@ -221,6 +221,14 @@ def check_grid_order(
         raise ValueError("a node (i, w) must end inside the grid: i + w < L")
 
 
+def check_node_index(node_index: torch.Tensor, shape: Tuple[int, int, int]) -> None:
+    """:func:`check_grid_order` of the flat ``[B, L, K]`` grid indices ``node_index``, a
+    tensor (for a caller that indexes with them before the compaction checks them)."""
+    flat = node_index.cpu().numpy()
+    doc, _, end = _on_line(flat, shape)
+    check_grid_order(flat, doc, end, shape)
+
+
 def disjoint(node_index: torch.Tensor, shape: Tuple[int, int, int]) -> bool:
     """Whether no two of the nodes overlap: sorted by start on the batch's line, each starts
     after the one before it ends."""

@@ -27,6 +27,7 @@ class TokenContext(nn.Module):
         super().__init__()
         check_integer("input_width", input_width, 1)
         check_integer("context_depth", depth, 0)  # (True built an LSTM that failed to run)
+        self.input_width = input_width
         self.depth = depth
         if depth == 0:
             self.lstm = None

@@ -33,13 +33,15 @@ import numpy
 import torch
 
 from .compaction import (
-    HostClusters, HostLogPartition, ScanBlock, compact, disjoint, host_array, solve_host,
-    to_device,
+    HostClusters, HostLogPartition, ScanBlock, check_node_index, compact, disjoint, host_array,
+    solve_host, to_device,
 )
 from .semiring import lse, logaddexp, masked_fill_neg, neg_value, raised_to_neg, wide
 from .spans import (
+    check_integer_dtype,
     check_lengths,
     check_sentence_starts,
+    check_shape,
     check_transitions,
     crossing_spans,
     overlap_mask,
@@ -197,12 +199,9 @@ def inference_node_set(
     they are. A ``ValueError`` unless both have one shape: the nodes' global scores are read
     at the local grid's flat indices, where another grid held other spans' scores (or none,
     an ``IndexError``)."""
-    if tuple(global_scores.shape) != tuple(local_scores.shape):
-        raise ValueError(
-            f"global scores must be [B, L, K, C] as the local scores, "
-            f"{tuple(local_scores.shape)}, got {tuple(global_scores.shape)}"
-        )
-    index, labels = _filter(local_scores, lengths, margin)
+    index, labels = _filter(local_scores, lengths, margin)  # (which checks the local scores)
+    check_shape(global_scores, "global scores", "[B, L, K, C]", tuple(local_scores.shape),
+                "the local scores")
     scores = wide(label_planes(global_scores)[labels, index])
     return NodeSet(index, labels, scores, tuple(local_scores.shape[:3]))
 
@@ -244,8 +243,19 @@ def training_nodes(
     annotation may add to the gold spans. A span whose label is one of ``incorrect [B, L, K,
     C]`` (:func:`~.spans.incorrect_label_grid`: entities known to be wrong) is no node: no path
     to learn from holds it, and the graph has no path without it where it overlaps no other.
+
+    Raises ``ValueError`` unless ``gold_grid`` and ``unknown`` are ``[B, L, K]`` and
+    ``incorrect`` ``[B, L, K, C]`` as the local scores: another shape broadcast into the nodes
+    of other spans, or failed inside PyTorch.
     """
     pred_mask, pred_labels = inference_nodes(local_scores, lengths, margin)
+    grid = tuple(local_scores.shape[:3])
+    check_shape(gold_grid, "gold_grid", "[B, L, K]", grid, "the local scores")
+    if unknown is not None:
+        check_shape(unknown, "unknown", "[B, L, K]", grid, "the local scores")
+    if incorrect is not None:
+        check_shape(incorrect, "incorrect", "[B, L, K, C]", tuple(local_scores.shape),
+                    "the local scores")
     gold_mask = gold_grid > 0
     extra = pred_mask & ~gold_mask
     if incorrect is not None:
@@ -585,8 +595,7 @@ def check_node_labels(labels: torch.Tensor, transitions: torch.Tensor) -> torch.
     integer in ``0..C - 1``. Label ``C`` read the START row and END column, and a negative one
     wrapped around to them: a wrong path score, not an error."""
     check_transitions(transitions)
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise ValueError(f"node labels must be an integer tensor, got {labels.dtype}")
+    check_integer_dtype(labels, "node labels")
     C = transitions.shape[0] - 1
     if labels.numel():
         low, high = int(labels.min()), int(labels.max())
@@ -596,6 +605,21 @@ def check_node_labels(labels: torch.Tensor, transitions: torch.Tensor) -> torch.
                 f"transitions, got {low if low < 0 else high}"
             )
     return labels.long()
+
+
+def check_node_grids(
+    node_scores: torch.Tensor, node_mask: torch.Tensor, node_labels: Optional[torch.Tensor],
+    mask_name: str = "node_mask",
+) -> None:
+    """A ``ValueError`` unless the mask ``mask_name`` is a ``[B, L, K]`` grid and the node
+    scores and labels (if given) are grids of its shape: a grid without the batch axis failed
+    unpacking its shape, and one that broadcast against the mask read other spans' scores or
+    labels (or a document's for the whole batch) without an error."""
+    check_shape(node_mask, mask_name, "[B, L, K]")
+    shape = tuple(node_mask.shape)
+    check_shape(node_scores, "node_scores", "[B, L, K]", shape, mask_name)
+    if node_labels is not None:
+        check_shape(node_labels, "node_labels", "[B, L, K]", shape, mask_name)
 
 
 def _solve_grid(
@@ -610,16 +634,14 @@ def _solve_grid(
     the rest of ``node_scores`` may hold anything), its per-node results back on the grid.
     A node scored ``-inf`` is one no path can take with any probability (NaN-free: its score
     becomes :data:`~.semiring.NEG`); a NaN score is not checked for (the heads check theirs)."""
-    if node_scores.shape != node_mask.shape or (
-            node_labels is not None and node_labels.shape != node_mask.shape):
-        raise ValueError(
-            f"node scores, mask and labels must share one [B, L, K] shape, got "
-            f"{tuple(node_scores.shape)}, {tuple(node_mask.shape)} and "
-            f"{None if node_labels is None else tuple(node_labels.shape)}"
-        )
+    check_node_grids(node_scores, node_mask, node_labels)
+    shape = tuple(node_mask.shape)
     if node_index is None:
         node_index = _flat_nonzero(node_mask)
-    shape = tuple(node_mask.shape)
+    else:  # before it indexes the grids: past their end it raised an IndexError
+        check_shape(node_index, "node_index", "[n]")
+        check_integer_dtype(node_index, "node_index")  # (a bool one indexed as a mask)
+        check_node_index(node_index, shape)
     B, L, K = shape
     if bool(((node_index // K) % L + node_index % K >= L).any()):
         raise ValueError("a node (i, w) must end inside the grid: i + w < L")
@@ -652,7 +674,12 @@ def filtered_log_partition(
     matter with ``transitions``); ``node_index``, the flat indices of the nodes in grid order,
     saves the pass over the mask when the caller has it. Where every path of a document scores
     ``-inf`` its log Z is not ``-inf`` but at or below ``NEG / 2`` (finite, so that its
-    gradient is no NaN)."""
+    gradient is no NaN).
+
+    Raises ``ValueError`` unless ``node_mask`` is ``[B, L, K]`` and the scores and labels
+    grids of its shape (:func:`check_node_grids`), and unless ``node_index`` is an ``[n]``
+    integer tensor of grid indices in grid order (:func:`~.compaction.check_grid_order`); the
+    other grid functions alike."""
     return _solve_grid(node_scores, node_mask, node_labels, transitions, "log_z", node_index).total
 
 
@@ -701,6 +728,19 @@ def filtered_decode(
     return solution.best, solution.marginals
 
 
+def check_node_set(nodes: NodeSet) -> None:
+    """A ``ValueError`` unless ``nodes`` lists ``[n]`` indices, labels and scores on a grid
+    shape ``(B, L, K)``: a shape of two sizes failed unpacking it, a score list of another
+    length failed deep inside NumPy or was cut to the index's without an error, and an index
+    of another rank was read flat."""
+    if len(nodes.shape) != 3:
+        raise ValueError(f"nodes.shape must be the grid's (B, L, K), got {tuple(nodes.shape)}")
+    check_shape(nodes.index, "nodes.index", "[n]")
+    n = tuple(nodes.index.shape)
+    check_shape(nodes.labels, "nodes.labels", "[n]", n, "nodes.index")
+    check_shape(nodes.scores, "nodes.scores", "[n]", n, "nodes.index")
+
+
 def solve_node_set(
     nodes: NodeSet, transitions: Optional[torch.Tensor], mode: str
 ) -> "_Solution":
@@ -710,7 +750,8 @@ def solve_node_set(
     ``-inf`` is on no path with any probability, as in :func:`filtered_log_partition`; a
     document whose every path is ``-inf`` has none, as in :func:`filtered_decode`. With
     ``transitions``, a ``ValueError`` unless they and the labels fit (:func:`check_node_labels`),
-    as on the grid."""
+    as on the grid; and a ``ValueError`` for a node set :func:`check_node_set` refuses."""
+    check_node_set(nodes)
     labels = nodes.labels
     if transitions is not None:
         labels = check_node_labels(labels, transitions)
@@ -730,7 +771,10 @@ def decode_node_set(
     ``-inf`` is on no path with any probability (marginal 0), as on the grid; a document whose
     every path is ``-inf`` has no node on the best path and every marginal 0, as in
     :func:`filtered_decode`. Where no two nodes overlap, that takes a look at the scores on
-    the host, which ``check_scores=False`` saves a caller whose scores are finite."""
+    the host, which ``check_scores=False`` saves a caller whose scores are finite. Raises
+    ``ValueError`` for a node set :func:`check_node_set` refuses, or one out of grid order
+    (:class:`NodeSet`)."""
+    check_node_set(nodes)
     if transitions is None and disjoint(nodes.index, nodes.shape) and not (
             check_scores and numpy.count_nonzero(
                 host_array(nodes.scores) <= neg_value(nodes.scores.dtype) / 2)):
@@ -756,7 +800,12 @@ def consistent_log_score(
     Those nodes overlap no gold node, and every other node overlaps a gold one (as
     :func:`training_nodes` keeps them), so these paths are the maximal paths of the graph of
     the gold nodes and the unknown ones: a log partition of that graph (grids ``[B, L, K]``,
-    labels and ``transitions`` as in :func:`path_score`)."""
+    labels and ``transitions`` as in :func:`path_score`). Raises ``ValueError`` unless every
+    grid has the shape of ``node_mask``, ``[B, L, K]`` (:func:`check_node_grids`)."""
+    check_node_grids(node_scores, node_mask, node_labels)
+    shape = tuple(node_mask.shape)
+    check_shape(gold_mask, "gold_mask", "[B, L, K]", shape, "node_mask")
+    check_shape(unknown, "unknown", "[B, L, K]", shape, "node_mask")
     return filtered_log_partition(node_scores, gold_mask | (node_mask & unknown), node_labels,
                                   transitions)
 
@@ -774,8 +823,12 @@ def path_score(
     grids (labels only matter with ``transitions``; only the path's entries of
     ``node_scores`` are read, so a node at -inf that the path leaves out is no NaN);
     ``transitions`` is ``[C + 1, C + 1]`` for ``C`` labels, null included, its last row from
-    START and its last column to END."""
-    B, L, K = path_mask.shape
+    START and its last column to END.
+
+    Raises ``ValueError`` unless ``path_mask`` is ``[B, L, K]`` and ``node_scores`` and
+    ``node_labels`` grids of its shape (:func:`check_node_grids`): scores of one document
+    broadcast to the batch, and labels of another grid were read at other spans."""
+    check_node_grids(node_scores, path_mask, node_labels, "path_mask")
     total = torch.where(path_mask.bool(), node_scores, node_scores.new_zeros(())).sum((1, 2))
     if transitions is None:
         return total

@@ -74,6 +74,7 @@ from .spans import (
     check_probability,
     check_rows_type,
     check_sentence_starts,
+    check_shape,
     consistent_segments,
     crossing_spans,
     document_mean,
@@ -99,16 +100,28 @@ PREDICT_BLOCK = 2048
 PREDICT_CHUNK_ELEMENTS = 2**18
 
 
-def check_batch(X: torch.Tensor, lengths: torch.Tensor) -> None:
+def check_batch(X: torch.Tensor, lengths: torch.Tensor, width: Optional[int] = None) -> None:
     """A ``ValueError`` unless ``X`` is ``[B, L, D]`` and ``lengths`` ``[B]`` integers, each
-    length between 0 and ``L`` (:func:`~.spans.check_lengths`)."""
+    length between 0 and ``L`` (:func:`~.spans.check_lengths`), and, with ``width`` (the
+    head's ``input_width``), unless ``D`` is ``width``: vectors of another width failed in a
+    matrix product with an error that did not name them."""
     check_lengths(lengths)
     if X.dim() != 3 or lengths.dim() != 1 or lengths.shape[0] != X.shape[0]:
         raise ValueError(
             f"token vectors must be [B, L, D] and lengths [B], one per document, got "
             f"{tuple(X.shape)} and {tuple(lengths.shape)}"
         )
+    if width is not None:
+        check_shape(X, "X", "[B, L, D]", (None, None, width), "the head's input_width")
     check_lengths(lengths, tuple(X.shape[:2]), "X")
+
+
+def check_classes(scores: torch.Tensor, name: str, layout: str, n: int, what: str) -> None:
+    """A ``ValueError`` unless ``scores`` are laid out as ``layout`` with ``n`` classes (its
+    last axis), ``what`` the head's classes: scores of another label set decoded to labels
+    the head does not have (or, with its transitions, failed inside PyTorch)."""
+    shape = (None,) * layout.count(",") + (n,)
+    check_shape(scores, name, layout, shape, what)
 
 
 def check_scores(scores: torch.Tensor) -> None:
@@ -372,7 +385,7 @@ class FilteredSemiCRFHead(nn.Module):
         """``(tokens [B, L, D'], local, global)``: the token vectors the span scorer reads
         (which the mean-field layers read too) and the span scores, checked for NaN when
         ``predicting`` (in training, mixed precision may overflow a step: the scaler skips it)."""
-        check_batch(X, lengths)
+        check_batch(X, lengths, self.context.input_width)
         tokens = self.word_pool(self.context(X, lengths), lengths, words)
         scores = self.scorer(tokens, lengths)
         if predicting:
@@ -380,18 +393,31 @@ class FilteredSemiCRFHead(nn.Module):
         local, glob = scores.chunk(2, dim=-1)
         return tokens, local, glob
 
+    def _check_span_scores(self, local: torch.Tensor, glob: Optional[torch.Tensor]) -> None:
+        """:func:`check_classes` of the ``local`` scores, and ``glob`` (if given) of their
+        shape."""
+        check_classes(local, "local", "[B, L, K, C]", self.n_labels + 1,
+                      f"the head's {self.n_labels} labels and null")
+        if glob is not None:
+            check_shape(glob, "glob", "[B, L, K, C]", tuple(local.shape), "local")
+
     def refine(
         self, glob: torch.Tensor, index: torch.Tensor, labels: torch.Tensor,
         tokens: Optional[torch.Tensor],
     ) -> Optional[torch.Tensor]:
         """``[n]``: the global scores of the nodes at flat grid ``index`` with ``labels``,
-        refined by the mean-field layers; None without them."""
+        refined by the mean-field layers; None without them. Raises ``ValueError`` unless
+        ``tokens`` are the ``[B, L, D']`` vectors the head's span scorer reads (``D'`` its
+        context's output width), for the documents and tokens of ``glob``."""
         if self.refiner is None:
             return None
         if tokens is None:
             raise ValueError("a filtered head with mean_field > 0 needs the token vectors "
                              "(tokens=...) to score its nodes")
         shape = tuple(glob.shape[:3])
+        # (another shape failed in a reshape or a matrix product, naming neither)
+        check_shape(tokens, "tokens", "[B, L, D]", (*shape[:2], self.context.output_width),
+                    "glob's documents and tokens and the head's token width")
         # the refiner's own precision: float32 under mixed precision, float64 in a double head
         dtype = self.refiner.dtype
         unary = filtered.label_planes(glob).index_select(1, index).T.to(dtype)
@@ -444,7 +470,9 @@ class FilteredSemiCRFHead(nn.Module):
         the gold spans and any nodes of unknown tokens only (docs/algorithm.md, §5, "Partial
         annotation"). An ``incorrect`` row there (an entity known to be wrong) gives its span
         the local target "any class but its label" and leaves the node out of the training
-        graph; elsewhere the annotation already says more."""
+        graph; elsewhere the annotation already says more. Raises ``ValueError`` for ``local``
+        scores that :meth:`nodes` refuses, and for ``glob`` of another shape than ``local``."""
+        self._check_span_scores(local, glob)
         B, L, K, C = local.shape
         grid = gold_label_grid(gold, lengths, L, K, C - 1)
         valid = span_mask(lengths, L, K)
@@ -551,7 +579,10 @@ class FilteredSemiCRFHead(nn.Module):
     ) -> filtered.NodeSet:
         """The inference node set (without the spans that cross a sentence boundary of
         ``sentence_starts``, if given), with each node's global score (refined by the
-        mean-field layers, which read ``tokens``, if the head has them)."""
+        mean-field layers, which read ``tokens``, if the head has them). Raises
+        ``ValueError`` unless ``local`` and ``glob`` are ``[B, L, K, C]`` with ``C`` the head's
+        labels and null."""
+        self._check_span_scores(local, None)  # (inference_node_set checks glob against it)
         nodes = filtered.within_sentences(
             filtered.inference_node_set(local, glob, lengths, filter_margin), sentence_starts)
         refined = self.refine(glob, nodes.index, nodes.labels, tokens)
@@ -743,7 +774,7 @@ class SemiCRFHead(nn.Module):
     ) -> torch.Tensor:
         """``[B, L, K, C]`` segment scores; impossible segments (past the end, null wider than
         one token) hold NEG."""
-        check_batch(X, lengths)
+        check_batch(X, lengths, self.context.input_width)
         context = self.word_pool(self.context(X, lengths), lengths, words)
         scores = wide(self.scorer(context, lengths))
         B, L, K, C = scores.shape
@@ -786,7 +817,10 @@ class SemiCRFHead(nn.Module):
     ) -> Prediction:
         """The best segmentation under the segment ``scores [B, L, K, C]`` and what
         ``options`` asks for besides; no entity crosses a sentence boundary of
-        ``sentence_starts`` (as in :meth:`FilteredSemiCRFHead.forward`)."""
+        ``sentence_starts`` (as in :meth:`FilteredSemiCRFHead.forward`). Raises ``ValueError``
+        unless ``scores`` are ``[B, L, K, C]`` with ``C`` the head's labels and null."""
+        check_classes(scores, "scores", "[B, L, K, C]", self.n_labels + 1,
+                      f"the head's {self.n_labels} labels and null")
         check_lengths(lengths, tuple(scores.shape[:2]), "the scores")
         check_scores(scores)
         scores = _within_sentences(scores, sentence_starts)
@@ -944,7 +978,7 @@ class LinearCRFHead(nn.Module):
         self, X: torch.Tensor, lengths: torch.Tensor, words: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
         """``[B, L, n_tags]`` tag scores of every token."""
-        check_batch(X, lengths)
+        check_batch(X, lengths, self.context.input_width)
         return wide(self.emitter(self.word_pool(self.context(X, lengths), lengths, words)))
 
     def forward(
@@ -994,7 +1028,10 @@ class LinearCRFHead(nn.Module):
     ) -> Prediction:
         """The best valid tag sequence under ``emissions [B, L, n_tags]``, as entities, and
         what ``options`` asks for besides; no entity crosses a sentence boundary of
-        ``sentence_starts`` (as in :meth:`FilteredSemiCRFHead.forward`)."""
+        ``sentence_starts`` (as in :meth:`FilteredSemiCRFHead.forward`). Raises
+        ``ValueError`` unless ``emissions`` are ``[B, L, T]`` with ``T`` the head's tags."""
+        check_classes(emissions, "emissions", "[B, L, T]", self.scheme.n_tags,
+                      f"the head's {self.scheme.n_tags} {self.scheme.scheme} tags")
         check_lengths(lengths, tuple(emissions.shape[:2]), "the emissions")
         check_scores(emissions)
         emissions = sentence_emissions(emissions, sentence_starts, self.scheme)

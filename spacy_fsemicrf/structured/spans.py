@@ -8,7 +8,7 @@ most ``n * K``.
 import functools
 import math
 import numbers
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy
 import torch
@@ -71,6 +71,35 @@ def check_probability(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
+def check_integer_dtype(values: torch.Tensor, name: str) -> None:
+    """A ``ValueError`` unless the tensor ``values`` holds integers (not bools, which
+    indexing reads as a mask): a fractional length or label was truncated to another."""
+    if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {values.dtype}")
+
+
+def check_shape(
+    value: Any, name: str, layout: str, shape: Optional[Sequence[Optional[int]]] = None,
+    source: str = "",
+) -> None:
+    """A ``ValueError`` unless ``value`` is a tensor laid out as ``layout`` (such as ``"[B, L,
+    K]"``, one size per letter) and, where ``shape`` is given, of its sizes (None: any), those
+    of ``source``: another rank or size failed deep inside PyTorch with an error that did not
+    name the argument, or broadcast into a wrong answer. Python comparisons only (no tensor
+    operation), so that the prediction path can afford it."""
+    got = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+    if got is not None and len(got) == layout.count(",") + 1 and (
+            shape is None or all(w is None or w == g for w, g in zip(shape, got))):
+        return
+    got_text = type(value).__name__ if got is None else got
+    if shape is None:
+        raise ValueError(f"{name} must be {layout}, got {got_text}")
+    letters = layout.strip("[]").split(", ")
+    want = ", ".join(letter if w is None else str(w) for letter, w in zip(letters, shape))
+    want += "," if len(letters) == 1 else ""  # (as Python writes a tuple of one, like got)
+    raise ValueError(f"{name} must be {layout} as {source}, ({want}), got {got_text}")
+
+
 def check_lengths(
     lengths: torch.Tensor, shape: Optional[Tuple[int, int]] = None, what: str = "X"
 ) -> None:
@@ -82,8 +111,7 @@ def check_lengths(
     rows, a negative one read its document as empty."""
     if not isinstance(lengths, torch.Tensor):
         raise TypeError(f"lengths must be an integer tensor, got {type(lengths).__name__}")
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    check_integer_dtype(lengths, "lengths")
     if shape is None:
         return
     batch, rows = shape
@@ -747,13 +775,24 @@ class SpanFeaturizer(nn.Module):
 
     def forward(self, x: torch.Tensor, doc: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x [B, L, D]`` (zeroed past each document's length if ``reach``) and, with
-        ``doc_vector``, ``doc [B, D]``, the mean token vector of each document."""
+        ``doc_vector``, ``doc [B, D]``, the mean token vector of each document; ``D`` is
+        ``input_width``.
+
+        Raises ``ValueError`` for ``x`` or ``doc`` of another shape: one document without its
+        batch axis, or vectors of another width, failed inside PyTorch (or, for some
+        ``span_repr``, gave the terms of a wrong grid), and a ``doc`` of one row was added to
+        every document of a batch."""
         return self.grid(self.terms(x, doc), slice(None), slice(0, x.shape[1]))
 
     def terms(self, x: torch.Tensor, doc: Optional[torch.Tensor] = None) -> SpanTerms:
-        """The per-token terms of :meth:`forward` (same arguments)."""
+        """The per-token terms of :meth:`forward` (same arguments, same errors)."""
         if (doc is None) != (self.doc_proj is None):
             raise ValueError("doc must be given exactly when the featurizer has doc_vector")
+        width = self.token_proj.in_features
+        check_shape(x, "x", "[B, L, D]", (None, None, width), "the featurizer's input_width")
+        if doc is not None:
+            check_shape(doc, "doc", "[B, D]", (x.shape[0], width),
+                        "x's documents and the featurizer's input_width")
         proj = self.token_proj(x)
         K = self.max_width
         ends = starts = peak = None
