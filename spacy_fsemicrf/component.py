@@ -50,7 +50,7 @@ from .structured.constraints import (
     Constraint, DocConstraints, ForceSpan, constraints_to_dicts, satisfies, trim_span)
 from .head_model import BatchPrediction
 from .msgpack_lookups import remember_msgpack_lookups
-from .gold import ExampleEntities, example_entities, incorrect_entities
+from .gold import ExampleEntities, example_entities, incorrect_entities, unlearned_reason
 from .partial import known_tokens
 from .structured.heads import HEADS
 from .structured.nbest import Segmentation
@@ -734,28 +734,9 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             self._warned_unlearned_labels.add(label)
             logger.warning(
                 "%s: every gold entity of the label %r in %s %s", self.name, label, where,
-                self._unlearned_reason(wide_labels.get(label), label in misaligned_labels),
+                unlearned_reason(self.max_width, wide_labels.get(label),
+                                 label in misaligned_labels),
             )
-
-    def _unlearned_reason(self, widest: Optional[int], misaligned: bool) -> str:
-        """Why a label's gold entities were all left out (wider than ``max_width``, the widest
-        ``widest`` tokens, None if none is; edges off the predicted tokens if ``misaligned``),
-        what training must read to learn it, and what would keep them."""
-        why, need, keep = [], [], []
-        if widest is not None:
-            why.append(f"is wider than max_width={self.max_width} tokens")
-            need.append(f"at most {self.max_width} tokens wide")
-            keep.append(f"max_width={widest}")
-        if misaligned:
-            why.append("has an edge inside a token of the documents the pipeline predicts on "
-                       "(the pipeline's tokenizer splits the text otherwise than the corpus)")
-            need.append("on token edges")
-            keep.append("[corpora.train] gold_preproc = true (training on the corpus's tokens) "
-                        "or a tokenizer that splits as the corpus does")
-        which = ["them"] if len(keep) == 1 else ["the wide ones", "the others"]
-        return (f"{' or '.join(why)}, so the label is not learned and never predicted (until "
-                f"training reads one {' '.join(need)}). "
-                + "; ".join(f"{fix} would keep {them}" for fix, them in zip(keep, which)) + ".")
 
     def _report_misaligned(self, n_misaligned: int) -> None:
         before = self.n_misaligned_dropped

@@ -6,8 +6,9 @@ entity checks look for a component named by spaCy's ``ner`` factory only. This c
 the same corpora the same way (the config's ``[training]`` train and dev corpora, command-line
 overrides applied, the pipeline's tokenizer) and reports, for each ``fsemicrf_ner`` component,
 what its training will read: the entities it trains on and those it leaves out (wider than a
-span head's ``max_width``, or not on token edges of the pipeline's tokenization), the tokens
-without entity annotation (unknown to the loss), and the dev entities it cannot predict.
+span head's ``max_width``, or not on token edges of the pipeline's tokenization), the labels
+left with no entity to learn from, the tokens without entity annotation (unknown to the loss),
+and the dev entities it cannot predict.
 Exit status 1 when a check fails (no entity to train on), as ``spacy debug data``.
 """
 import argparse
@@ -26,7 +27,7 @@ from thinc.api import Config
 from wasabi import MESSAGES, Printer
 
 from .calibration import fsemicrf_components
-from .gold import example_entities, incorrect_entities
+from .gold import example_entities, incorrect_entities, unlearned_reason
 from .partial import known_tokens
 
 # as spacy debug data: fewer examples of a label than this are too few to learn it
@@ -43,8 +44,9 @@ class CorpusReport(NamedTuple):
     unknown: int  # tokens of them without entity annotation, whitespace aside
     labels: Counter  # entities kept, by label
     wide: Counter  # entities left out for their width, by label
-    widest: int
+    widest: Dict[str, int]  # the widest of them, by label
     misaligned: List[str]  # texts of the entities not on token edges
+    misaligned_labels: Set[str]  # their labels
     whitespace: int  # entities that start or end on a whitespace token
     crossing: int  # entities across a sentence boundary of the reference
     incorrect: int  # spans known to be wrong that training reads (each once in its doc)
@@ -66,11 +68,13 @@ def corpus_report(
     ``examples``, entity by entity as its training does (:func:`~.gold.example_entities`), and
     with ``key`` (its ``incorrect_spans_key``) the entities known to be wrong it reads for
     ``labels_known`` (:func:`~.gold.incorrect_entities`), each once in its document."""
-    docs = annotated = tokens = unknown = whitespace = crossing = widest = 0
+    docs = annotated = tokens = unknown = whitespace = crossing = 0
     incorrect = incorrect_given = incorrect_repeated = 0
     labels: Counter = Counter()
     wide: Counter = Counter()
+    widest: Dict[str, int] = {}
     misaligned: List[str] = []
+    misaligned_labels: Set[str] = set()
     labels_known = set(labels_known)
     for eg in examples:
         docs += 1
@@ -92,13 +96,24 @@ def corpus_report(
             continue
         labels.update(ent.label_ for ent in split.kept)
         wide.update(ent.label_ for ent in split.wide)
-        widest = max([widest] + [len(ent) for ent in split.wide])
+        for ent in split.wide:
+            widest[ent.label_] = max(widest.get(ent.label_, 0), len(ent))
         misaligned.extend(ent.text for ent in split.misaligned)
+        misaligned_labels.update(ent.label_ for ent in split.misaligned)
         whitespace += sum(ent[0].is_space or ent[-1].is_space for ent in ref.ents)
         if ref.has_annotation("SENT_START"):
             crossing += sum(any(token.is_sent_start for token in ent[1:]) for ent in ref.ents)
     return CorpusReport(docs, annotated, tokens, unknown, labels, wide, widest, misaligned,
-                        whitespace, crossing, incorrect, incorrect_given, incorrect_repeated)
+                        misaligned_labels, whitespace, crossing, incorrect, incorrect_given,
+                        incorrect_repeated)
+
+
+def unlearned_labels(report: CorpusReport, unlearned: Set[str]) -> List[str]:
+    """The labels of ``unlearned`` (those a component has not learned when training starts)
+    whose training entities in ``report`` are all left out, as too wide or off the pipeline's
+    tokens: training never learns them, and the component says so (once) as it meets them."""
+    left_out = (set(report.wide) | report.misaligned_labels) & unlearned
+    return sorted(left_out - set(report.labels))
 
 
 def _counts(counter: Counter) -> str:
@@ -172,12 +187,19 @@ def report_component(
     low = {label: n for label, n in tr.labels.items() if n <= NEW_LABEL_THRESHOLD}
     for label, n in sorted(low.items()):
         msg.warn(f"Low number of examples for label '{label}' ({n})")
-    if not low and tr.labels:
+    # the labels training starts without having learned: all where it initializes the
+    # component, else those it adds (spacy train initializes no sourced or frozen component)
+    unlearned = unlearned_labels(tr, set(new) | (set() if pipe.labels or frozen else labels))
+    for label in unlearned:
+        msg.warn(f"Every training entity of the label '{label}' "
+                 + unlearned_reason(pipe.max_width, tr.widest.get(label),
+                                    label in tr.misaligned_labels))
+    if not low and not unlearned and tr.labels:
         msg.good("Good amount of examples for all labels")
     if tr.wide:
         msg.warn(f"{sum(tr.wide.values())} training entities wider than max_width={limit} "
                  f"tokens are left out of training (their tokens unknown): {_counts(tr.wide)}; "
-                 f"max_width={tr.widest} would keep them all")
+                 f"max_width={max(tr.widest.values())} would keep them all")
     elif limit is not None:
         msg.good(f"No training entity wider than max_width={limit}")
     for corpus, rep in (("training", tr), ("evaluation", dv)):
@@ -202,7 +224,8 @@ def report_component(
     if dv.wide:
         msg.warn(f"{sum(dv.wide.values())} evaluation entities are wider than "
                  f"max_width={limit} tokens, which the component cannot predict: "
-                 f"{_counts(dv.wide)}; max_width={dv.widest} would let it predict them all")
+                 f"{_counts(dv.wide)}; max_width={max(dv.widest.values())} would let it predict "
+                 f"them all")
     for corpus, rep in (("training", tr), ("evaluation", dv)):
         if rep.whitespace:
             msg.warn(f"{rep.whitespace} {corpus} entities start or end on a whitespace token; "

@@ -5,7 +5,8 @@ predicted document (the pipeline's tokenizer may split the text otherwise than t
 for a span head, when it is at most ``max_width`` tokens wide; the others are left out and
 their tokens read as unknown (:func:`~.partial.known_tokens`). ``debug-data`` reports the same
 split, so that what it counts is what training does. With ``incorrect_spans_key``, the spans
-of ``reference.spans[key]`` are entities known to be wrong (:func:`incorrect_entities`).
+of ``reference.spans[key]`` are entities known to be wrong (:func:`incorrect_entities`). A
+label none of whose entities is trained on is not learned (:func:`unlearned_reason` says why).
 """
 from typing import Container, List, NamedTuple, Optional
 
@@ -53,3 +54,25 @@ def incorrect_entities(
     aligned = eg.get_aligned_spans_y2x(eg.reference.spans[key], allow_overlap=True)
     return [span for span in aligned
             if span.label_ in labels and (limit is None or len(span) <= limit)]
+
+
+def unlearned_reason(max_width: int, widest: Optional[int], misaligned: bool) -> str:
+    """Why every gold entity of a label was left out (wider than ``max_width``, the widest
+    ``widest`` tokens, None if none is; an edge off the predicted tokens if ``misaligned``),
+    what training must read to learn the label, and what would keep them: the component's
+    warning and ``debug-data`` name such a label in the same words."""
+    why, need, keep = [], [], []
+    if widest is not None:
+        why.append(f"is wider than max_width={max_width} tokens")
+        need.append(f"at most {max_width} tokens wide")
+        keep.append(f"max_width={widest}")
+    if misaligned:
+        why.append("has an edge inside a token of the documents the pipeline predicts on "
+                   "(the pipeline's tokenizer splits the text otherwise than the corpus)")
+        need.append("on token edges")
+        keep.append("[corpora.train] gold_preproc = true (training on the corpus's tokens) "
+                    "or a tokenizer that splits as the corpus does")
+    which = ["them"] if len(keep) == 1 else ["the wide ones", "the others"]
+    return (f"{' or '.join(why)}, so the label is not learned and never predicted (until "
+            f"training reads one {' '.join(need)}). "
+            + "; ".join(f"{fix} would keep {them}" for fix, them in zip(keep, which)) + ".")

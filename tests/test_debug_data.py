@@ -1,13 +1,15 @@
 """``python -m spacy_fsemicrf debug-data``: the entity checks of ``spacy debug data`` for the
 ``fsemicrf_ner`` components of a training config count what their training reads (the split of
 :func:`spacy_fsemicrf.gold.example_entities`, which ``update`` uses too)."""
+import logging
+import re
 from pathlib import Path
 
 import pytest
 import spacy
 from spacy import util
 from spacy.tokens import Doc, DocBin, Span
-from spacy.training import Example
+from spacy.training import Corpus, Example
 
 from spacy_fsemicrf.__main__ import main as package_main
 from spacy_fsemicrf.debug_data import main
@@ -69,6 +71,13 @@ def corpora(tmp_path_factory):
     ]).to_disk(folder / "edges.spacy")
     DocBin(docs=[doc(vocab, ["Mc", "Donald", "sells"], ["B-ORG", "O", "O"],
                      spaces=[False, True, False])]).to_disk(folder / "edges_dev.spacy")
+    # 51 PERs, enough; every ORG and FOO off the pipeline's tokens ("McDonald", "Foobar")
+    words = " and ".join(f"P{i}" for i in range(51)).split()
+    DocBin(docs=[
+        doc(vocab, words, ["B-PER" if i % 2 == 0 else "O" for i in range(len(words))]),
+        doc(vocab, ["Mc", "Donald", "sells"], ["B-ORG", "O", "O"], spaces=[False, True, False]),
+        doc(vocab, ["Fo", "obar", "left"], ["B-FOO", "O", "O"], spaces=[False, True, False]),
+    ]).to_disk(folder / "unlearned.spacy")
     return folder
 
 
@@ -336,3 +345,56 @@ def test_code_registers_the_configs_functions(corpora, capsys, tmp_path):
     assert "'test_debug_data.plain_tokenizer.v1' in function registry" in capsys.readouterr().err
     status, out = run(tmp_path / "code.cfg", corpora, capsys, "--code", str(code))
     assert status == 0 and "6 training docs, 5 with entity annotation" in out
+
+
+OFF_TOKENS = ("has an edge inside a token of the documents the pipeline predicts on (the "
+              "pipeline's tokenizer splits the text otherwise than the corpus)")
+RETOKENIZE = ("[corpora.train] gold_preproc = true (training on the corpus's tokens) or a "
+              "tokenizer that splits as the corpus does")
+
+
+def test_a_label_with_no_entity_to_learn_from_is_named(corpora, capsys):
+    """Every training ORG is too wide (the Bank of New York, 4 tokens) or off the pipeline's
+    tokens ("Mc"): the counts of such entities did not say that the label is never learned,
+    which the component says only once training meets it. Named in the component's words."""
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys,
+                      "--components.fsemicrf_ner.model.max_width", "3")
+    assert status == 0
+    assert (f"Every training entity of the label 'ORG' is wider than max_width=3 tokens or "
+            f"{OFF_TOKENS}, so the label is not learned and never predicted (until training "
+            f"reads one at most 3 tokens wide on token edges). max_width=4 would keep the wide "
+            f"ones; {RETOKENIZE} would keep the others.") in out
+    for config in ("fsemicrf_cnn.cfg", "crf_cnn.cfg"):  # the Bank of New York is learned
+        status, out = run(config, corpora, capsys)
+        assert status == 0 and "Every training entity" not in out
+
+
+def _named(out: str) -> list:
+    """The labels that debug-data names as off the pipeline's tokens only."""
+    return re.findall(rf"Every training entity of the label '(\w+)' {re.escape(OFF_TOKENS)}, "
+                      rf"so the label is not learned and never predicted \(until training "
+                      rf"reads one on token edges\)\. {re.escape(RETOKENIZE)} would keep "
+                      rf"them\.", out)
+
+
+def test_the_labels_named_are_those_the_component_names_in_training(corpora, sourced, capsys,
+                                                                     caplog):
+    """The labels it has not learned when training starts: all of a component spacy train
+    initializes (FOO and ORG, as its initialize says), only those training adds to a sourced one
+    (ORG: it has learned FOO), none of a frozen one (not trained). PER has examples enough, and
+    that is all labels only where no label is named."""
+    status, out = run("fsemicrf_cnn.cfg", corpora, capsys, train="unlearned.spacy")
+    assert status == 0 and _named(out) == ["FOO", "ORG"]
+    assert "Good amount of examples" not in out
+    nlp = util.load_model_from_config(util.load_config(CONFIGS / "fsemicrf_cnn.cfg"),
+                                      auto_fill=True)
+    examples = list(Corpus(corpora / "unlearned.spacy")(nlp))
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: examples)
+    assert re.findall(r"every gold entity of the label '(\w+)'", caplog.text) == ["FOO", "ORG"]
+    status, out = run(sourced, corpora, capsys, train="unlearned.spacy")
+    assert status == 0 and _named(out) == ["ORG"]
+    status, out = run(sourced, corpora, capsys, "--training.frozen_components",
+                      '["fsemicrf_ner"]', train="unlearned.spacy")
+    assert status == 0 and _named(out) == []
+    assert "Good amount of examples for all labels" in out
