@@ -64,6 +64,11 @@ MAX_NBEST = 1024
 """The most segmentations :meth:`FSemiCRFEntityRecognizer.nbest` searches: its memory grows
 with ``k`` times the document's positions, widths and labels."""
 SEEN_ENTITIES = "seen_entities"  # serialization key of FSemiCRFEntityRecognizer.seen_entities
+# the warnings about gold entities off the predicted tokens, at initialize and in training
+_OFF_TOKENS = ("do not start or end on a token edge of the documents the pipeline predicts on "
+               "(the pipeline's tokenizer splits the text otherwise than the corpus)")
+_RETOKENIZE = ("Train on the corpus's tokens ([corpora.train] gold_preproc = true) or adjust the "
+               "tokenizer.")
 
 # The pipeline's defaults, in one place: the model block of each head on spaCy's small CNN
 # tok2vec. The factory uses the filtered head's; the others are for
@@ -447,14 +452,14 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         labels: Optional[List[str]] = None,
     ) -> None:
         """Set the labels (``labels`` or every entity label in the examples, sorted), report
-        gold entities wider than ``max_width`` and the labels none of whose gold entities the
-        head can learn from, and build the model."""
+        gold entities wider than ``max_width`` or off the predicted tokens and the labels none
+        of whose gold entities the head can learn from, and build the model."""
         validate_get_examples(get_examples, "FSemiCRFEntityRecognizer.initialize")
         if labels is not None:
             labels = check_labels(labels, self.name)
         sample: List[Doc] = []
         found = set()
-        n_ents = n_wide = n_examples = n_annotated = 0
+        n_ents = n_wide = n_misaligned = n_examples = n_annotated = 0
         seen = set()  # the texts of the gold entities
         limit = self.max_width if self.span_head else None
         learnable: Set[str] = set()  # the labels of a gold entity the head can learn from
@@ -475,6 +480,7 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             if split is not None:
                 learnable.update(ent.label_ for ent in split.kept)
                 misaligned_labels.update(ent.label_ for ent in split.misaligned)
+                n_misaligned += len(split.misaligned)
                 n_wide += len(split.wide)
                 for ent in split.wide:
                     wide_labels[ent.label_] = max(wide_labels.get(ent.label_, 0), len(ent))
@@ -527,6 +533,13 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
                 n_ents,
                 self.max_width,
                 max(wide_labels.values()),
+            )
+        if n_misaligned:  # (not counted in n_misaligned_dropped, which counts training's)
+            logger.warning(
+                "%s: %d of %d gold entities in the initialization examples %s and cannot be "
+                "learned (they are left out of training; the loss reads their tokens as unknown, "
+                "as spaCy's ner does). %s",
+                self.name, n_misaligned, n_ents, _OFF_TOKENS, _RETOKENIZE,
             )
         self.n_wide_dropped = self.widest_dropped = self.n_misaligned_dropped = 0
         self._unlearned_labels = set(self.labels) - learnable
@@ -743,14 +756,10 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.n_misaligned_dropped += n_misaligned
         if _reached_a_power_of_ten(before, self.n_misaligned_dropped):
             logger.warning(
-                "%s: gold entities that do not start or end on a token edge of the documents "
-                "the pipeline predicts on (the pipeline's tokenizer splits the text otherwise "
-                "than the corpus) have been left out of training %d times so far (each update "
-                "that reads one counts it); the loss reads their tokens as unknown, as "
-                "spaCy's ner does. Train on the corpus's tokens ([corpora.train] "
-                "gold_preproc = true) or adjust the tokenizer.",
-                self.name,
-                self.n_misaligned_dropped,
+                "%s: gold entities that %s have been left out of training %d times so far (each "
+                "update that reads one counts it); the loss reads their tokens as unknown, as "
+                "spaCy's ner does. %s",
+                self.name, _OFF_TOKENS, self.n_misaligned_dropped, _RETOKENIZE,
             )
 
     def get_loss(self, examples: Iterable[Example], scores) -> Tuple[float, float]:

@@ -238,6 +238,32 @@ def test_a_loaded_component_names_a_label_training_adds_with_entities_off_the_to
     assert _off_tokens_label_warnings(caplog.records) == [("GOV", "training so far")]
 
 
+@pytest.mark.parametrize("arch", [FILTERED, LINEAR])
+def test_initialize_counts_the_gold_entities_off_the_predicted_tokens(arch, caplog):
+    """As it counts those too wide: training's warnings count the updates that read one, which
+    say nothing of how many of the corpus's entities are lost (and come only once it starts).
+    The count is no training's: n_misaligned_dropped counts from the first update."""
+    nlp, ner = _component(arch)
+    examples = make_examples(nlp) + [_off_tokens(nlp, "PER")] * 3
+    n_ents = sum(len(eg.reference.ents) for eg in examples)
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: examples)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"fsemicrf_ner: 3 of {n_ents} gold entities in the initialization examples do not start "
+        f"or end on a token edge of the documents the pipeline predicts on (the pipeline's "
+        f"tokenizer splits the text otherwise than the corpus) and cannot be learned (they are "
+        f"left out of training; the loss reads their tokens as unknown, as spaCy's ner does). "
+        f"Train on the corpus's tokens ([corpora.train] gold_preproc = true) or adjust the "
+        f"tokenizer."]
+    assert ner.n_misaligned_dropped == 0
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.update(examples)
+    assert ner.n_misaligned_dropped == 3
+    assert ["left out of training 3 times so far" in r.getMessage() for r in caplog.records] == [
+        True]
+
+
 def test_misaligned_entities_are_reported_at_each_new_power_of_ten(caplog):
     ner = spacy.blank("en").add_pipe("fsemicrf_ner")
     warned = []
