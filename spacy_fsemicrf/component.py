@@ -21,7 +21,7 @@ import multiprocessing.context
 import numbers
 from pathlib import Path
 from typing import (
-    Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple)
+    AbstractSet, Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple)
 
 import numpy
 import srsly
@@ -453,7 +453,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
     ) -> None:
         """Set the labels (``labels`` or every entity label in the examples, sorted), report
         gold entities wider than ``max_width`` or off the predicted tokens and the labels none
-        of whose gold entities the head can learn from, and build the model."""
+        of whose gold entities the head can learn from or with none in the examples, and build
+        the model."""
         validate_get_examples(get_examples, "FSemiCRFEntityRecognizer.initialize")
         if labels is not None:
             labels = check_labels(labels, self.name)
@@ -544,7 +545,12 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
         self.n_wide_dropped = self.widest_dropped = self.n_misaligned_dropped = 0
         self._unlearned_labels = set(self.labels) - learnable
         self._warned_unlearned_labels = set()
-        self._report_unlearned_labels(wide_labels, misaligned_labels, "the initialization examples")
+        # the labels with no gold entity at all, named one by one where the examples have some
+        missing = self._unlearned_labels - set(wide_labels) - misaligned_labels if n_ents else set()
+        self._report_unlearned_labels(wide_labels, misaligned_labels, "the initialization examples",
+                                      missing)
+        if not n_ents:
+            self._report_no_gold_entity(n_examples, n_annotated)
         self.calibration = None  # a new model: the scores need a new map
         # no warning while it is trained and evaluated: the map comes when it is saved
         # ([training.before_to_disk]) or from the calibrate command; loading arms it again
@@ -736,20 +742,39 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             )
 
     def _report_unlearned_labels(
-        self, wide_labels: Dict[str, int], misaligned_labels: Set[str], where: str
+        self, wide_labels: Dict[str, int], misaligned_labels: Set[str], where: str,
+        missing: AbstractSet[str] = frozenset(),
     ) -> None:
         """Warn, once per label, that a label not learned yet (:attr:`_unlearned_labels`) whose
         gold entities in ``where`` were left out, as wider than ``max_width`` (``wide_labels``:
-        label: its widest) or off the predicted tokens (``misaligned_labels``), is never
-        predicted until training reads one the head can learn from."""
+        label: its widest) or off the predicted tokens (``misaligned_labels``), or that has none
+        there (``missing``), is never predicted until training reads one the head can learn
+        from."""
         met = (set(wide_labels) | misaligned_labels) & self._unlearned_labels
-        for label in sorted(met - self._warned_unlearned_labels):
-            self._warned_unlearned_labels.add(label)
+        for label in sorted((met - self._warned_unlearned_labels) | missing):
+            # (a label without entities at initialize is named again if training then meets
+            # only entities it leaves out: that says what would keep them)
+            if label in met:
+                self._warned_unlearned_labels.add(label)
+            logger.warning("%s: %s", self.name, unlearned_reason(
+                label, where, self.max_width, wide_labels.get(label), label in misaligned_labels))
+
+    def _report_no_gold_entity(self, n_examples: int, n_annotated: int) -> None:
+        """Say, in one line, that the initialization examples have no gold entity, so no label
+        is learned from them: a warning where ``n_annotated`` of them have entity annotation,
+        else an info line (``nlp.initialize()`` without examples gives one unannotated doc, and
+        examples may be given for the model's shapes only, the labels besides)."""
+        if n_annotated:
             logger.warning(
-                "%s: every gold entity of the label %r in %s %s", self.name, label, where,
-                unlearned_reason(self.max_width, wide_labels.get(label),
-                                 label in misaligned_labels),
-            )
+                "%s: the %d initialization examples (%d with entity annotation) have no gold "
+                "entity, so no label is learned and none predicted (until training reads one): "
+                "%s. Add examples annotated with them.",
+                self.name, n_examples, n_annotated, ", ".join(map(repr, self.labels)))
+        else:
+            logger.info(
+                "%s: the %d initialization examples have no entity annotation: the labels %s are "
+                "learned from the gold entities training reads", self.name, n_examples,
+                ", ".join(map(repr, self.labels)))
 
     def _report_misaligned(self, n_misaligned: int) -> None:
         before = self.n_misaligned_dropped

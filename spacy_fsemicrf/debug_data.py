@@ -7,8 +7,8 @@ the same corpora the same way (the config's ``[training]`` train and dev corpora
 overrides applied, the pipeline's tokenizer) and reports, for each ``fsemicrf_ner`` component,
 what its training will read: the entities it trains on and those it leaves out (wider than a
 span head's ``max_width``, or not on token edges of the pipeline's tokenization), the labels
-left with no entity to learn from, the tokens without entity annotation (unknown to the loss),
-and the dev entities it cannot predict.
+left with no entity to learn from (or with none at all), the tokens without entity annotation
+(unknown to the loss), and the dev entities it cannot predict.
 Exit status 1 when a check fails (no entity to train on), as ``spacy debug data``.
 """
 import argparse
@@ -110,10 +110,12 @@ def corpus_report(
 
 def unlearned_labels(report: CorpusReport, unlearned: Set[str]) -> List[str]:
     """The labels of ``unlearned`` (those a component has not learned when training starts)
-    whose training entities in ``report`` are all left out, as too wide or off the pipeline's
-    tokens: training never learns them, and the component says so (once) as it meets them."""
-    left_out = (set(report.wide) | report.misaligned_labels) & unlearned
-    return sorted(left_out - set(report.labels))
+    with no training entity in ``report`` that is kept: all left out, as too wide or off the
+    pipeline's tokens, or none at all (named where the training data has entities; else no
+    entity is to train on). Training never learns them, and the component says so (once)."""
+    if not (report.labels or report.wide or report.misaligned):
+        return []
+    return sorted(unlearned - set(report.labels))
 
 
 def _counts(counter: Counter) -> str:
@@ -191,9 +193,9 @@ def report_component(
     # component, else those it adds (spacy train initializes no sourced or frozen component)
     unlearned = unlearned_labels(tr, set(new) | (set() if pipe.labels or frozen else labels))
     for label in unlearned:
-        msg.warn(f"Every training entity of the label '{label}' "
-                 + unlearned_reason(pipe.max_width, tr.widest.get(label),
-                                    label in tr.misaligned_labels))
+        reason = unlearned_reason(label, "the training data", pipe.max_width,
+                                  tr.widest.get(label), label in tr.misaligned_labels)
+        msg.warn(reason[0].upper() + reason[1:])
     if not low and not unlearned and tr.labels:
         msg.good("Good amount of examples for all labels")
     if tr.wide:

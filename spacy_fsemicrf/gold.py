@@ -6,7 +6,8 @@ for a span head, when it is at most ``max_width`` tokens wide; the others are le
 their tokens read as unknown (:func:`~.partial.known_tokens`). ``debug-data`` reports the same
 split, so that what it counts is what training does. With ``incorrect_spans_key``, the spans
 of ``reference.spans[key]`` are entities known to be wrong (:func:`incorrect_entities`). A
-label none of whose entities is trained on is not learned (:func:`unlearned_reason` says why).
+label none of whose entities is trained on, or with none at all, is not learned
+(:func:`unlearned_reason` says why).
 """
 from typing import Container, List, NamedTuple, Optional
 
@@ -56,11 +57,19 @@ def incorrect_entities(
             if span.label_ in labels and (limit is None or len(span) <= limit)]
 
 
-def unlearned_reason(max_width: int, widest: Optional[int], misaligned: bool) -> str:
-    """Why every gold entity of a label was left out (wider than ``max_width``, the widest
-    ``widest`` tokens, None if none is; an edge off the predicted tokens if ``misaligned``),
-    what training must read to learn the label, and what would keep them: the component's
-    warning and ``debug-data`` name such a label in the same words."""
+def unlearned_reason(
+    label: str, where: str, max_width: int, widest: Optional[int], misaligned: bool
+) -> str:
+    """Why the label ``label`` is not learned from ``where`` (the examples read, as "the
+    initialization examples"): every gold entity of it there was left out, as wider than
+    ``max_width`` (the widest ``widest`` tokens, None if none is) or with an edge off the
+    predicted tokens (``misaligned``), or, with neither, it has none; what training must read
+    to learn it, and what would mend it: the component's warnings and ``debug-data`` name such
+    a label in these words."""
+    if widest is None and not misaligned:
+        return (f"the label {label!r} has no gold entity in {where}, so it is not "
+                f"learned and never predicted (until training reads one). Remove it from the "
+                f"labels the component is given, or add examples annotated with it.")
     why, need, keep = [], [], []
     if widest is not None:
         why.append(f"is wider than max_width={max_width} tokens")
@@ -73,6 +82,7 @@ def unlearned_reason(max_width: int, widest: Optional[int], misaligned: bool) ->
         keep.append("[corpora.train] gold_preproc = true (training on the corpus's tokens) "
                     "or a tokenizer that splits as the corpus does")
     which = ["them"] if len(keep) == 1 else ["the wide ones", "the others"]
-    return (f"{' or '.join(why)}, so the label is not learned and never predicted (until "
-            f"training reads one {' '.join(need)}). "
+    return (f"every gold entity of the label {label!r} in {where} {' or '.join(why)}, so the "
+            f"label is not learned and never predicted (until training reads one "
+            f"{' '.join(need)}). "
             + "; ".join(f"{fix} would keep {them}" for fix, them in zip(keep, which)) + ".")

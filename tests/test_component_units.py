@@ -479,6 +479,11 @@ def test_initialize_and_update_name_themselves_in_their_errors():
         ner.update(["not an example"])
 
 
+_NO_ENTITY = ("fsemicrf_ner: the label '{}' has no gold entity in the initialization examples, "
+              "so it is not learned and never predicted (until training reads one). Remove it "
+              "from the labels the component is given, or add examples annotated with it.")
+
+
 def test_initialize_with_given_labels_warns_about_the_others(caplog):
     nlp, ner = _component()
     examples = make_examples(nlp)  # LOC, ORG and PER entities
@@ -487,7 +492,48 @@ def test_initialize_with_given_labels_warns_about_the_others(caplog):
     assert ner.labels == ("PER", "ZZNEW") and "ZZNEW" in nlp.vocab.strings
     assert [r.getMessage() for r in caplog.records] == [
         "fsemicrf_ner: the examples contain entity labels that are not in the labels given to "
-        "initialize: ['LOC', 'ORG']. Training on them adds them to the component."]
+        "initialize: ['LOC', 'ORG']. Training on them adds them to the component.",
+        _NO_ENTITY.format("ZZNEW")]
+
+
+def test_a_given_label_without_a_gold_entity_is_named_once_at_initialize(caplog):
+    """A label given to initialize (labels of another corpus, a typo) or added before it, with
+    no gold entity in the examples, was never learned and nothing said so. Named at initialize
+    only: a label added to the trained component, or met first in training, is learned there."""
+    nlp, ner = _component()
+    ner.add_label("NORP")
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        ner.initialize(lambda: make_examples(nlp), nlp=nlp, labels=["GPE", "LOC", "ORG", "PER"])
+        assert [r.getMessage() for r in caplog.records] == [
+            _NO_ENTITY.format("GPE"), _NO_ENTITY.format("NORP")]
+        caplog.clear()
+        nlp.update(make_examples(nlp))
+        ner.add_label("FAC")  # training may bring its entities
+        nlp.update(make_examples(nlp, [("The UN met .", [(4, 6, "NGO")])]))  # added, learned
+        assert "FAC" in ner.labels and "NGO" in ner.labels and not caplog.records
+
+
+def test_initialize_without_a_gold_entity_names_no_label_one_by_one(caplog):
+    """Examples without any gold entity say the same of every label: one line, a warning where
+    they have entity annotation, else an info line (nlp.initialize() without examples gives one
+    document without annotation)."""
+    nlp, ner = _component()
+    for label in ("ORG", "PER"):
+        ner.add_label(label)
+    with caplog.at_level(logging.INFO, logger="spacy_fsemicrf"):
+        nlp.initialize()
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(
+        logging.INFO, "fsemicrf_ner: the 1 initialization examples have no entity annotation: "
+        "the labels 'ORG', 'PER' are learned from the gold entities training reads")]
+    caplog.clear()
+    examples = make_examples(nlp, [("John lives in Paris .", [])]) + [
+        Example(nlp.make_doc("Acme hired Mary ."), nlp.make_doc("Acme hired Mary ."))]
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        ner.initialize(lambda: examples, nlp=nlp)
+    assert [r.getMessage() for r in caplog.records] == [
+        "fsemicrf_ner: the 2 initialization examples (1 with entity annotation) have no gold "
+        "entity, so no label is learned and none predicted (until training reads one): 'ORG', "
+        "'PER'. Add examples annotated with them."]
 
 
 def test_initialize_without_any_entity_says_where_the_labels_come_from():

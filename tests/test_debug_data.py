@@ -360,21 +360,21 @@ def test_a_label_with_no_entity_to_learn_from_is_named(corpora, capsys):
     status, out = run("fsemicrf_cnn.cfg", corpora, capsys,
                       "--components.fsemicrf_ner.model.max_width", "3")
     assert status == 0
-    assert (f"Every training entity of the label 'ORG' is wider than max_width=3 tokens or "
-            f"{OFF_TOKENS}, so the label is not learned and never predicted (until training "
-            f"reads one at most 3 tokens wide on token edges). max_width=4 would keep the wide "
-            f"ones; {RETOKENIZE} would keep the others.") in out
+    assert (f"Every gold entity of the label 'ORG' in the training data is wider than "
+            f"max_width=3 tokens or {OFF_TOKENS}, so the label is not learned and never "
+            f"predicted (until training reads one at most 3 tokens wide on token edges). "
+            f"max_width=4 would keep the wide ones; {RETOKENIZE} would keep the others.") in out
     for config in ("fsemicrf_cnn.cfg", "crf_cnn.cfg"):  # the Bank of New York is learned
         status, out = run(config, corpora, capsys)
-        assert status == 0 and "Every training entity" not in out
+        assert status == 0 and "of the label" not in out
 
 
 def _named(out: str) -> list:
     """The labels that debug-data names as off the pipeline's tokens only."""
-    return re.findall(rf"Every training entity of the label '(\w+)' {re.escape(OFF_TOKENS)}, "
-                      rf"so the label is not learned and never predicted \(until training "
-                      rf"reads one on token edges\)\. {re.escape(RETOKENIZE)} would keep "
-                      rf"them\.", out)
+    return re.findall(rf"Every gold entity of the label '(\w+)' in the training data "
+                      rf"{re.escape(OFF_TOKENS)}, so the label is not learned and never "
+                      rf"predicted \(until training reads one on token edges\)\. "
+                      rf"{re.escape(RETOKENIZE)} would keep them\.", out)
 
 
 def test_the_labels_named_are_those_the_component_names_in_training(corpora, sourced, capsys,
@@ -398,3 +398,34 @@ def test_the_labels_named_are_those_the_component_names_in_training(corpora, sou
                       '["fsemicrf_ner"]', train="unlearned.spacy")
     assert status == 0 and _named(out) == []
     assert "Good amount of examples for all labels" in out
+
+
+def _no_entity(out: str) -> list:
+    """The labels that debug-data names as having no training entity at all."""
+    return re.findall(r"The label '(\w+)' has no gold entity in the training data, so it is "
+                      r"not learned and never predicted \(until training reads one\)\. Remove "
+                      r"it from the labels the component is given, or add examples annotated "
+                      r"with it\.", out)
+
+
+def test_a_given_label_without_a_training_entity_is_named(corpora, sourced, capsys, caplog,
+                                                          tmp_path):
+    """Labels of [initialize.components] with no training entity (labels of another corpus, a
+    typo: GPE, LOC) are never learned: named as the component names them at initialize. A
+    sourced component's own labels are learned (FOO); training data without entities names no
+    label (nothing is to train on)."""
+    config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
+    config["initialize"]["components"]["fsemicrf_ner"] = {"labels": ["GPE", "LOC", "PER"]}
+    config.to_disk(tmp_path / "labels.cfg")
+    status, out = run(tmp_path / "labels.cfg", corpora, capsys, train="space.spacy",
+                      dev="foo_dev.spacy")
+    assert status == 0 and _no_entity(out) == ["GPE", "LOC"]
+    nlp = util.load_model_from_config(config, auto_fill=True)
+    examples = list(Corpus(corpora / "space.spacy")(nlp))
+    with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+        nlp.initialize(lambda: examples)
+    assert re.findall(r"the label '(\w+)' has no gold entity", caplog.text) == ["GPE", "LOC"]
+    status, out = run(tmp_path / "labels.cfg", corpora, capsys, train="none.spacy")
+    assert status == 1 and "No entities to train on" in out and "has no gold entity" not in out
+    status, out = run(sourced, corpora, capsys, train="space.spacy", dev="foo_dev.spacy")
+    assert status == 0 and "has no gold entity" not in out
