@@ -220,9 +220,15 @@ def report_component(
                                                  ("the training data", not frozen)) if has)
     predicted = set(pipe.labels) | (set() if frozen else set(tr.labels))
     unseen = sorted((set(dv.labels) | set(dv.wide)) - predicted)
-    if unseen:
+    # those named above (training data with none kept, or given labels with none) apart
+    named = [label for label in unseen if label in unlearned]
+    absent = [label for label in unseen if label not in unlearned]
+    if absent:
         msg.warn(f"Labels in the evaluation data but not in {known}, which the component "
-                 f"cannot predict: {', '.join(repr(label) for label in unseen)}")
+                 f"cannot predict: {', '.join(repr(label) for label in absent)}")
+    if named:
+        msg.warn(f"Labels in the evaluation data that training does not learn (named above), "
+                 f"which the component cannot predict: {', '.join(map(repr, named))}")
     if dv.wide:
         msg.warn(f"{sum(dv.wide.values())} evaluation entities are wider than "
                  f"max_width={limit} tokens, which the component cannot predict: "

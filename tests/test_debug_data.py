@@ -131,7 +131,10 @@ def test_reports_what_training_reads(corpora, capsys):
     assert "1 training entities do not start or end on a token edge" in out
     assert "E.g. 'Mc'" in out
     assert ("Labels in the evaluation data but not in the training data, which the component "
-            "cannot predict: 'LOC', 'ORG'") in out
+            "cannot predict: 'LOC' ") in out
+    # every training ORG is left out: it is in the training data, and never learned
+    assert ("Labels in the evaluation data that training does not learn (named above), which "
+            "the component cannot predict: 'ORG' ") in out
     assert ("1 evaluation entities are wider than max_width=3 tokens, which the component "
             "cannot predict: 'ORG' (1); max_width=4 would let it predict them all") in out
     assert "1 training entities start or end on a whitespace token" in out
@@ -411,15 +414,20 @@ def _no_entity(out: str) -> list:
 def test_a_given_label_without_a_training_entity_is_named(corpora, sourced, capsys, caplog,
                                                           tmp_path):
     """Labels of [initialize.components] with no training entity (labels of another corpus, a
-    typo: GPE, LOC) are never learned: named as the component names them at initialize. A
-    sourced component's own labels are learned (FOO); training data without entities names no
-    label (nothing is to train on)."""
+    typo: GPE, LOC) are never learned: named as the component names them at initialize, and a
+    dev label of them is one training does not learn (not one absent from the training data,
+    as FOO is). A sourced component's own labels are learned (FOO); training data without
+    entities names no label (nothing is to train on)."""
     config = util.load_config(CONFIGS / "fsemicrf_cnn.cfg")
     config["initialize"]["components"]["fsemicrf_ner"] = {"labels": ["GPE", "LOC", "PER"]}
     config.to_disk(tmp_path / "labels.cfg")
     status, out = run(tmp_path / "labels.cfg", corpora, capsys, train="space.spacy",
                       dev="foo_dev.spacy")
     assert status == 0 and _no_entity(out) == ["GPE", "LOC"]
+    assert ("Labels in the evaluation data but not in the training data, which the component "
+            "cannot predict: 'FOO' ") in out
+    assert ("Labels in the evaluation data that training does not learn (named above), which "
+            "the component cannot predict: 'LOC' ") in out
     nlp = util.load_model_from_config(config, auto_fill=True)
     examples = list(Corpus(corpora / "space.spacy")(nlp))
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
@@ -428,4 +436,4 @@ def test_a_given_label_without_a_training_entity_is_named(corpora, sourced, caps
     status, out = run(tmp_path / "labels.cfg", corpora, capsys, train="none.spacy")
     assert status == 1 and "No entities to train on" in out and "has no gold entity" not in out
     status, out = run(sourced, corpora, capsys, train="space.spacy", dev="foo_dev.spacy")
-    assert status == 0 and "has no gold entity" not in out
+    assert status == 0 and "has no gold entity" not in out and "named above" not in out
