@@ -477,8 +477,8 @@ class FSemiCRFEntityRecognizer(TrainablePipe):
             # split as get_gold splits them: widths in the tokens of the predicted document,
             # which the tokenizer may split finer than the corpus (Chinese characters against a
             # corpus's words), or otherwise (an entity's edge inside a token)
-            split = example_entities(eg, limit) if ents else None
-            if split is not None:
+            if ents:
+                split = example_entities(eg, limit)
                 learnable.update(ent.label_ for ent in split.kept)
                 misaligned_labels.update(ent.label_ for ent in split.misaligned)
                 n_misaligned += len(split.misaligned)

@@ -636,15 +636,15 @@ def _solve_grid(
     becomes :data:`~.semiring.NEG`); a NaN score is not checked for (the heads check theirs)."""
     check_node_grids(node_scores, node_mask, node_labels)
     shape = tuple(node_mask.shape)
+    B, L, K = shape
     if node_index is None:
         node_index = _flat_nonzero(node_mask)
+        if bool(((node_index // K) % L + node_index % K >= L).any()):
+            raise ValueError("a node (i, w) must end inside the grid: i + w < L")
     else:  # before it indexes the grids: past their end it raised an IndexError
         check_shape(node_index, "node_index", "[n]")
         check_integer_dtype(node_index, "node_index")  # (a bool one indexed as a mask)
-        check_node_index(node_index, shape)
-    B, L, K = shape
-    if bool(((node_index // K) % L + node_index % K >= L).any()):
-        raise ValueError("a node (i, w) must end inside the grid: i + w < L")
+        check_node_index(node_index, shape)  # (which checks the ends too)
     labels = None if node_labels is None else node_labels.reshape(-1)[node_index]
     if labels is not None and transitions is not None:
         labels = check_node_labels(labels, transitions)
