@@ -198,12 +198,9 @@ def long_node_sets(draw):
     return draw(st.integers(0, 10_000)), lengths, docs, K, draw(st.integers(2, 4))
 
 
-@settings(max_examples=60, deadline=None)
-@given(long_node_sets(), st.booleans(), st.booleans())
-def test_long_documents_match_brute_force_in_every_scan_layout(problem, use_t, split):
-    """log Z, Viterbi and the marginals on documents longer than the scan's window, with the
-    scan over whole documents (transitions), over clusters (none, with enumeration turned off),
-    and with every row length in a scan block of its own (``split``) or merged blocks."""
+def long_grids(problem, use_t: bool, dtype: torch.dtype = DTYPE):
+    """``(mask, scores, labels, transitions or None)``: the ``[B, L, K]`` grids of a
+    :func:`long_node_sets` problem, with random scores, labels and transitions."""
     seed, lengths, docs, K, C = problem
     B, L = len(docs), max(lengths)
     gen = torch.Generator().manual_seed(seed)
@@ -211,9 +208,20 @@ def test_long_documents_match_brute_force_in_every_scan_layout(problem, use_t, s
     for b, nodes in enumerate(docs):
         for i, w in nodes:
             mask[b, i, w] = True
-    scores = torch.randn((B, L, K), generator=gen, dtype=DTYPE)
+    scores = torch.randn((B, L, K), generator=gen, dtype=dtype)
     labels = torch.randint(1, C, (B, L, K), generator=gen) * mask
-    T = torch.randn((C + 1, C + 1), generator=gen, dtype=DTYPE) if use_t else None
+    T = torch.randn((C + 1, C + 1), generator=gen, dtype=dtype) if use_t else None
+    return mask, scores, labels, T
+
+
+@settings(max_examples=60, deadline=None)
+@given(long_node_sets(), st.booleans(), st.booleans())
+def test_long_documents_match_brute_force_in_every_scan_layout(problem, use_t, split):
+    """log Z, Viterbi and the marginals on documents longer than the scan's window, with the
+    scan over whole documents (transitions), over clusters (none, with enumeration turned off),
+    and with every row length in a scan block of its own (``split``) or merged blocks."""
+    mask, scores, labels, T = long_grids(problem, use_t)
+    B, K = mask.shape[0], mask.shape[2]
     with mock.patch.object(compaction_module, "STEP_COST_IN_ROWS", 0 if split else 256), \
             mock.patch.object(compaction_module, "ENUMERATE_MAX_NODES", 1):
         log_z = filtered_log_partition(scores, mask, labels, T)
@@ -626,6 +634,37 @@ def test_disjoint_matches_brute_force_and_decode_keeps_the_solve(seed, B, L, K, 
         assert marginals.dtype == solved.marginals.dtype
         assert marginals.numpy().tobytes() == solved.marginals.numpy().tobytes()
         assert decode_node_set(nodes, T, marginals=False)[1] is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(long_node_sets(), st.booleans(), st.booleans(), st.booleans(),
+       st.sampled_from([torch.float32, torch.float64]))
+def test_decode_gives_the_log_partition_bit_for_bit(problem, use_t, split, enumerate_small,
+                                                    dtype):
+    """The log Z that ``decode_node_set_log_z`` gives beside the best path (no second solve
+    for a path probability) is ``filtered_log_partition``'s, bit for bit, in every scan layout,
+    with the small clusters enumerated or scanned, and for a document with no path (a node at
+    ``-inf`` in a clique of its own); None only where no two nodes overlap."""
+    from spacy_fsemicrf.structured.compaction import disjoint
+    from spacy_fsemicrf.structured.filtered import NodeSet, decode_node_set_log_z
+
+    mask, scores, labels, T = long_grids(problem, use_t, dtype)
+    index = mask.view(-1).nonzero().squeeze(1)
+    if index.numel():  # the first node at -inf: a document without a path, where it is alone
+        scores.view(-1)[index[0]] = -math.inf
+    nodes = NodeSet(index, labels.view(-1)[index], scores.view(-1)[index], tuple(mask.shape))
+    with mock.patch.object(compaction_module, "STEP_COST_IN_ROWS", 0 if split else 256), \
+            mock.patch.object(compaction_module, "ENUMERATE_MAX_NODES",
+                              8 if enumerate_small else 1):
+        want = filtered_log_partition(scores, mask, labels, T)
+        best, marginals, log_z = decode_node_set_log_z(nodes, T)
+        want_best, want_marginals = decode_node_set(nodes, T)
+    assert torch.equal(best, want_best) and torch.equal(marginals, want_marginals)
+    if log_z is None:
+        assert T is None and disjoint(index, tuple(mask.shape))
+        return
+    assert log_z.dtype == want.dtype
+    assert log_z.numpy().tobytes() == want.numpy().tobytes()
 
 
 def test_count_nodes_counts_each_documents_nodes():

@@ -312,7 +312,14 @@ def test_null_tokens_consistent_score_is_the_log_sum_over_consistent_sets(seed):
     start, width = mask[0].nonzero(as_tuple=True)
     nodes = [(s, s + w, int(labels[0, s, w]), float(scores[0, s, w]))
              for s, w in zip(start.tolist(), width.tolist())]
-    null = glob[0, :, 0, 0].tolist()
+    expected = _null_tokens_global_loss(nodes, glob[0, :, 0, 0].tolist(), gold, known)
+    assert float(got) == pytest.approx(expected, abs=1e-9)
+
+
+def _null_tokens_global_loss(nodes, null, gold, known) -> float:
+    """By enumeration: log Z over the sets of non-overlapping ``nodes`` ``(start, end, label,
+    score)``, the covered tokens a set leaves free scoring their ``null``, minus the log-sum over
+    the sets consistent with the annotation."""
     covered = {t for s, e, _, _ in nodes for t in range(s, e + 1)}
     values, consistent = [], []
     for chosen in nonoverlapping_sets([(s, e) for s, e, _, _ in nodes]):
@@ -321,8 +328,40 @@ def test_null_tokens_consistent_score_is_the_log_sum_over_consistent_sets(seed):
         values.append(value)
         if _consistent([nodes[k][:3] for k in chosen], gold, known):
             consistent.append(value)
-    expected = _logsumexp(values) - _logsumexp(consistent)
-    assert float(got) == pytest.approx(expected, abs=1e-9)
+    return _logsumexp(values) - _logsumexp(consistent)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_null_tokens_heads_loss_with_unknown_tokens_by_enumeration(seed):
+    """The whole loss of a head with null tokens from given scores: the local cross-entropy
+    without the spans of unknown tokens only, plus log Z over the sets of non-overlapping
+    training nodes (the gold nodes and every node the filter keeps), the covered tokens a set
+    leaves free scoring their nulls, minus the log-sum over the sets consistent with the
+    annotation (which a loss reading every token as annotated would not take)."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    K, C = rng.randint(1, 3), N_LABELS + 1
+    length, gold, known = _case(rng, 6, K)
+    head = FilteredSemiCRFHead(8, N_LABELS, max_width=K, dropout=0.0, null_tokens=True).double()
+    rows, flags, lengths = _tensors(length, gold, known, 0)
+    local = torch.randn(1, length, K, C, dtype=torch.float64)
+    local[..., 0] -= 0.5
+    glob = torch.randn(1, length, K, C, dtype=torch.float64)
+    with torch.no_grad():
+        got = float(head.loss(local, glob, lengths, rows, known=flags))
+    gold_label = {(s, e): c for s, e, c in gold}
+    expected, nodes = 0.0, []
+    for s in range(length):
+        for e in range(s, min(s + K, length)):
+            label = gold_label.get((s, e), 0)
+            if any(known[s:e + 1]):
+                log_p = torch.log_softmax(local[0, s, e - s], -1)
+                expected -= (1.0 if label else head.null_weight) * float(log_p[label])
+            label = label or int(local[0, s, e - s].argmax())
+            if label:
+                nodes.append((s, e, label, float(glob[0, s, e - s, label])))
+    expected += _null_tokens_global_loss(nodes, glob[0, :, 0, 0].tolist(), gold, known)
+    assert got == pytest.approx(expected, abs=1e-9)
 
 
 # ---------------------------------------------------------- entities known to be wrong

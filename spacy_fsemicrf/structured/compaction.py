@@ -425,11 +425,13 @@ def _length_blocks(row_len, scanned) -> numpy.ndarray:
 class HostSolution(NamedTuple):
     """``totals [B]``: per document, the sum over its host clusters of log Z, or of the best
     score when the best nodes are asked for; ``best [m]``: whether each host node is on the
-    best path; ``marginals [m]``: each host node's marginal."""
+    best path; ``marginals [m]``: each host node's marginal; ``log_z [B]``: the sum of log Z
+    (``totals`` itself unless the best nodes are asked for, None when only they are)."""
 
     totals: numpy.ndarray
     best: Optional[numpy.ndarray]
     marginals: Optional[numpy.ndarray]
+    log_z: Optional[numpy.ndarray] = None
 
 
 def solve_host(
@@ -441,6 +443,10 @@ def solve_host(
     marginals = numpy.zeros(scores.size, dtype=scores.dtype) if want_marginals else None
     # the exponentials are only needed for log Z and the marginals, not for Viterbi alone
     want_weights = want_marginals or not want_best
+    # log Z beside the best scores where the weights are there anyway: the path probability
+    # then needs no second solve (the same sums as without the best nodes, bit for bit)
+    log_z = totals if not want_best else (
+        numpy.zeros(n_docs, dtype=scores.dtype) if want_weights else None)
     if host.clique_first.size:
         node = slice(None) if host.clique_node is None else host.clique_node
         s = scores[node]
@@ -456,7 +462,10 @@ def solve_host(
             norm = numpy.add.reduceat(weights, host.clique_first)
         if want_marginals:
             marginals[node] = weights / norm[host.clique_of]
-        numpy.add.at(totals, host.clique_doc, top if want_best else top + numpy.log(norm))
+        if want_best:
+            numpy.add.at(totals, host.clique_doc, top)
+        if log_z is not None:
+            numpy.add.at(log_z, host.clique_doc, top + numpy.log(norm))
     for small in host.small:
         subsets = small.subsets.astype(scores.dtype)
         slot_scores = numpy.where(small.present, scores[small.slot_node], 0.0)
@@ -473,8 +482,11 @@ def solve_host(
         if want_marginals:
             slot_marginals = (weights / weights.sum(1, keepdims=True)) @ subsets
             marginals[small.slot_node[small.present]] = slot_marginals[small.present]
-        numpy.add.at(totals, small.row_doc, top if want_best else top + numpy.log(weights.sum(1)))
-    return HostSolution(totals, best, marginals)
+        if want_best:
+            numpy.add.at(totals, small.row_doc, top)
+        if log_z is not None:
+            numpy.add.at(log_z, small.row_doc, top + numpy.log(weights.sum(1)))
+    return HostSolution(totals, best, marginals, log_z)
 
 
 class HostLogPartition(torch.autograd.Function):

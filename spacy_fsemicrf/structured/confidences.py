@@ -41,12 +41,16 @@ def local_label_probability(
 
 
 def filtered_path_scores(
-    nodes: filtered.NodeSet, best: torch.Tensor, transitions: Optional[torch.Tensor]
+    nodes: filtered.NodeSet, best: torch.Tensor, transitions: Optional[torch.Tensor],
+    log_z: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(score [B], log Z [B])``: the score of the best path (``best``, a ``BoolTensor[n]``
-    over the nodes) and the log partition of the paths of the filtered graph."""
-    mask, scores, labels = nodes.grid(), nodes.grid(nodes.scores), nodes.grid(nodes.labels)
-    log_z = filtered.filtered_log_partition(scores, mask, labels, transitions, nodes.index)
+    over the nodes) and the log partition of the paths of the filtered graph (``log_z``
+    if given, as :func:`~.filtered.decode_node_set_log_z` gives it: no second solve)."""
+    scores, labels = nodes.grid(nodes.scores), nodes.grid(nodes.labels)
+    if log_z is None:
+        log_z = filtered.filtered_log_partition(scores, nodes.grid(), labels, transitions,
+                                                nodes.index)
     return filtered.path_score(scores, nodes.grid(best), labels, transitions), log_z
 
 

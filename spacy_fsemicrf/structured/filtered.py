@@ -484,6 +484,7 @@ class _Solution(NamedTuple):
     total: torch.Tensor  # [B]: log Z, or the best path's score when the best path is asked for
     best: Optional[torch.Tensor]  # [n] bool: the nodes on the best path
     marginals: Optional[torch.Tensor]  # [n]: node marginals
+    log_z: Optional[torch.Tensor] = None  # [B]: log Z wherever the solve has it (not Viterbi)
 
 
 def _from_host(
@@ -535,11 +536,14 @@ def _solve(
     host = comp.host
     host_scores = scores if host.node is None else scores[host.node_t]
     best = marginals = None
+    log_z = None
     if mode == "log_z":
         totals = HostLogPartition.apply(host_scores, host, B)
     else:
         solved = solve_host(host, host_array(host_scores), B, want_best, want_marginals)
         totals = torch.from_numpy(solved.totals).to(device, scores.dtype)
+        if solved.log_z is not None and want_best:
+            log_z = torch.from_numpy(solved.log_z).to(device, scores.dtype)
         if want_best:
             best = _from_host(solved.best, host, n, device)
         if want_marginals:
@@ -553,25 +557,30 @@ def _solve(
         scan_mask = _to_scan_grid(present, block, K, False)
         scan_labels = _to_scan_grid(labels, block, K, 0)
         if want_marginals:
-            log_z, block_marginals = _scan_marginals(scan_scores, scan_mask, scan_labels, transitions)
+            block_log_z, block_marginals = _scan_marginals(
+                scan_scores, scan_mask, scan_labels, transitions)
             marginals[block.node] = block_marginals.reshape(-1)[block.scan_index]
         if want_best:
             result = _scan(scan_scores, scan_mask, scan_labels, transitions, True)
             totals = totals.index_add(0, block.row_doc, result.total)
             best[block.node] = result.best_nodes.reshape(-1)[block.scan_index]
+            if log_z is not None:
+                log_z = log_z.index_add(0, block.row_doc, block_log_z)
         elif want_marginals:
-            totals = totals.index_add(0, block.row_doc, log_z)
+            totals = totals.index_add(0, block.row_doc, block_log_z)
         else:
-            log_z = _scan(scan_scores, scan_mask, scan_labels, transitions, False).total
-            totals = totals.index_add(0, block.row_doc, log_z)
+            block_log_z = _scan(scan_scores, scan_mask, scan_labels, transitions, False).total
+            totals = totals.index_add(0, block.row_doc, block_log_z)
+    if not want_best:  # the totals are log Z
+        log_z = totals
     if mode != "log_z":
         # where every path is -inf (NEG or below once clamped), no path has a probability
         host_totals = solved.totals if not comp.blocks else host_array(totals)
         none = host_totals <= neg_value(scores.dtype) / 2
         if numpy.count_nonzero(none):
-            return _without_paths(_Solution(totals, best, marginals), to_device(none, device),
-                                  index // (L * K))
-    return _Solution(totals, best, marginals)
+            return _without_paths(_Solution(totals, best, marginals, log_z),
+                                  to_device(none, device), index // (L * K))
+    return _Solution(totals, best, marginals, log_z)
 
 
 def _without_paths(solution: _Solution, none: torch.Tensor, doc: torch.Tensor) -> _Solution:
@@ -579,14 +588,14 @@ def _without_paths(solution: _Solution, none: torch.Tensor, doc: torch.Tensor) -
     ``-inf``, given no distribution: no node on the best path, whose score is ``-inf``, and
     every node's marginal 0 (the nodes' documents are ``doc [n]``); their log Z is left as it
     is, at or below ``NEG / 2`` (finite, so that a gradient is no NaN)."""
-    total, best, marginals = solution
+    total, best, marginals, log_z = solution
     on_none = none[doc]
     if best is not None:
         best = best & ~on_none
         total = total.masked_fill(none, -math.inf)
     if marginals is not None:
         marginals = marginals.masked_fill(on_none, 0.0)
-    return _Solution(total, best, marginals)
+    return _Solution(total, best, marginals, log_z)
 
 
 def check_node_labels(labels: torch.Tensor, transitions: torch.Tensor) -> torch.Tensor:
@@ -774,6 +783,24 @@ def decode_node_set(
     the host, which ``check_scores=False`` saves a caller whose scores are finite. Raises
     ``ValueError`` for a node set :func:`check_node_set` refuses, or one out of grid order
     (:class:`NodeSet`)."""
+    return _decode_node_set(nodes, transitions, marginals, check_scores)[:2]
+
+
+@torch.no_grad()
+def decode_node_set_log_z(
+    nodes: NodeSet, transitions: Optional[torch.Tensor] = None, check_scores: bool = True
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`decode_node_set` with marginals, and the log partition ``[B]`` the solve gives
+    beside them (bit for bit :func:`filtered_log_partition`'s), which a path probability
+    needs; None where the solve is skipped (no two nodes overlap: every marginal is 1)."""
+    return _decode_node_set(nodes, transitions, True, check_scores)  # type: ignore[return-value]
+
+
+def _decode_node_set(
+    nodes: NodeSet, transitions: Optional[torch.Tensor], marginals: bool, check_scores: bool
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """``(best, marginals, log Z)`` of :func:`decode_node_set_log_z`, marginals and log Z
+    None without ``marginals``."""
     check_node_set(nodes)
     if transitions is None and disjoint(nodes.index, nodes.shape) and not (
             check_scores and numpy.count_nonzero(
@@ -781,9 +808,9 @@ def decode_node_set(
         # the graph's one path holds every node, each a clique of its own: what the solve
         # gives (exactly 1.0), without it (most documents of a trained model, one at a time)
         return torch.ones_like(nodes.index, dtype=torch.bool), (
-            torch.ones_like(nodes.scores) if marginals else None)
+            torch.ones_like(nodes.scores) if marginals else None), None
     solution = solve_node_set(nodes, transitions, "decode" if marginals else "viterbi")
-    return solution.best, solution.marginals
+    return solution.best, solution.marginals, solution.log_z
 
 
 def consistent_log_score(

@@ -613,7 +613,8 @@ class FilteredSemiCRFHead(nn.Module):
         # long cluster sums thousands in log space, where float32 lost marginals' second digit
         wide_nodes = nodes._replace(scores=nodes.scores.double())
         wide_T = None if T is None else T.double()
-        best, marginals = filtered.decode_node_set(wide_nodes, wide_T, check_scores=False)
+        best, marginals, log_z = filtered.decode_node_set_log_z(wide_nodes, wide_T,
+                                                                check_scores=False)
         # The marginal alone is 1 for a node that overlaps no other: the local probability of
         # its label brings in the filter's own uncertainty.
         p_local = local_label_probability(local, nodes.index, nodes.labels)
@@ -637,8 +638,8 @@ class FilteredSemiCRFHead(nn.Module):
             # documents of a trained model; no second solve of the graph)
             path = conf.new_ones((local.shape[0],))
         elif options.path:
-            path = path_probability(*filtered_path_scores(wide_nodes, best, wide_T), reports,
-                                    outside)
+            path = path_probability(*filtered_path_scores(wide_nodes, best, wide_T, log_z),
+                                    reports, outside)
         candidates = (nodes.spans(), conf) if options.candidates else None
         return Prediction(spans, scores, path, candidates, reports)
 
