@@ -153,7 +153,10 @@ def test_second_derivatives_of_log_z_on_the_host_raise_rather_than_read_zero():
         )
 
     assert hessian(torch.zeros((4, 4), dtype=DTYPE)).abs().max() > 0.05
-    with pytest.raises(RuntimeError, match="differentiable once"):
+    message = ("the filtered graph's log Z is differentiable once where it has cliques or small "
+               "clusters (solved on the host); for second derivatives give the nodes' labels and "
+               "transitions (zeros for none): the position scan is differentiable twice")
+    with pytest.raises(RuntimeError, match=f"^{re.escape(message)}$"):
         hessian(None)
 
 
@@ -754,6 +757,46 @@ def test_a_node_set_node_at_minus_infinity_is_on_no_path_with_any_probability(se
     assert tuple(best.nonzero().squeeze(1).tolist()) in enum.best_paths
 
 
+@pytest.mark.parametrize("low", [-math.inf, NEG, NEG / 2])
+def test_a_graph_without_overlaps_with_a_node_at_minus_infinity_takes_the_solve(low):
+    """No two nodes overlap, so decoding may skip the solve (every node on the one path,
+    marginal 1), but not where a node scores -inf (or NEG / 2 and below, which the solve reads
+    as -inf): that document has no path (no node chosen, every marginal 0), as the solve says;
+    the other document keeps its one path."""
+    from spacy_fsemicrf.structured.filtered import NodeSet, decode_node_set_log_z
+
+    B, L, K = 2, 6, 2
+    flat = [0 * L * K + 0 * K + 0, 0 * L * K + 2 * K + 1, 1 * L * K + 1 * K + 0]
+    index = torch.tensor(flat)
+    scores = torch.tensor([1.0, low, 0.5], dtype=DTYPE)
+    nodes = NodeSet(index, torch.ones(3, dtype=torch.long), scores, (B, L, K))
+    want = solve_node_set(nodes, None, "decode")
+    for best, marginals, *_ in (decode_node_set(nodes), decode_node_set_log_z(nodes)):
+        assert best.tolist() == want.best.tolist() == [False, False, True]
+        assert marginals.tolist() == want.marginals.tolist() == [0.0, 0.0, 1.0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(long_node_sets(), st.booleans())
+def test_filtered_path_scores_are_the_best_paths_score_and_log_z(problem, use_t):
+    """``filtered_path_scores``: the best path's score (``path_score`` of its nodes) and log Z
+    of the graph, with or without transitions; a ``log_z`` given is taken as it is (the one the
+    decoding solve gave, where it has one)."""
+    from spacy_fsemicrf.structured.confidences import filtered_path_scores
+    from spacy_fsemicrf.structured.filtered import NodeSet
+
+    mask, scores, labels, T = long_grids(problem, use_t)
+    index = mask.view(-1).nonzero().squeeze(1)
+    nodes = NodeSet(index, labels.view(-1)[index], scores.view(-1)[index], tuple(mask.shape))
+    chosen, _ = filtered_viterbi(scores, mask, labels, T)
+    best = chosen.view(-1)[index]
+    score, log_z = filtered_path_scores(nodes, best, T)
+    assert torch.equal(score, path_score(scores * mask, chosen, labels, T))
+    assert torch.equal(log_z, filtered_log_partition(scores, mask, labels, T))
+    given_z = torch.arange(mask.shape[0], dtype=DTYPE)
+    assert filtered_path_scores(nodes, best, T, given_z)[1] is given_z
+
+
 def _graphs_without_a_path():
     """``(name, mask, scores, labels, T)``: two 6-token documents, the first with every path
     through a node or a transition of -inf (a node alone, a clique, a small cluster, a
@@ -860,8 +903,12 @@ def test_grids_that_do_not_fit_are_clear_errors():
     mask = torch.zeros((2, 4, 3), dtype=torch.bool)
     mask[0, 3, 1] = True  # tokens 3..4 of a 4-token grid: it would run into document 1
     scores = torch.zeros((2, 4, 3))
-    with pytest.raises(ValueError, match=r"^a node \(i, w\) must end inside the grid: i \+ w < L$"):
-        filtered_log_partition(scores, mask)
+    labels = torch.ones((2, 4, 3), dtype=torch.long)
+    for solve in (filtered_log_partition, filtered_viterbi, filtered_marginals, filtered_decode):
+        for T in (None, torch.zeros((3, 3))):
+            with pytest.raises(ValueError,
+                               match=r"^a node \(i, w\) must end inside the grid: i \+ w < L$"):
+                solve(scores, mask, labels, T)
     with pytest.raises(ValueError, match=r"^node_scores must be \[B, L, K\] as node_mask, "
                                          r"\(2, 4, 3\), got \(2, 5, 3\)$"):
         filtered_viterbi(torch.zeros((2, 5, 3)), mask)

@@ -484,7 +484,7 @@ class _Solution(NamedTuple):
     total: torch.Tensor  # [B]: log Z, or the best path's score when the best path is asked for
     best: Optional[torch.Tensor]  # [n] bool: the nodes on the best path
     marginals: Optional[torch.Tensor]  # [n]: node marginals
-    log_z: Optional[torch.Tensor] = None  # [B]: log Z wherever the solve has it (not Viterbi)
+    log_z: Optional[torch.Tensor] = None  # [B]: log Z beside the best path's score ("decode")
 
 
 def _from_host(
@@ -571,8 +571,6 @@ def _solve(
         else:
             block_log_z = _scan(scan_scores, scan_mask, scan_labels, transitions, False).total
             totals = totals.index_add(0, block.row_doc, block_log_z)
-    if not want_best:  # the totals are log Z
-        log_z = totals
     if mode != "log_z":
         # where every path is -inf (NEG or below once clamped), no path has a probability
         host_totals = solved.totals if not comp.blocks else host_array(totals)
@@ -645,11 +643,8 @@ def _solve_grid(
     becomes :data:`~.semiring.NEG`); a NaN score is not checked for (the heads check theirs)."""
     check_node_grids(node_scores, node_mask, node_labels)
     shape = tuple(node_mask.shape)
-    B, L, K = shape
-    if node_index is None:
+    if node_index is None:  # (the compaction refuses a node of the mask past the grid's end)
         node_index = _flat_nonzero(node_mask)
-        if bool(((node_index // K) % L + node_index % K >= L).any()):
-            raise ValueError("a node (i, w) must end inside the grid: i + w < L")
     else:  # before it indexes the grids: past their end it raised an IndexError
         check_shape(node_index, "node_index", "[n]")
         check_integer_dtype(node_index, "node_index")  # (a bool one indexed as a mask)
