@@ -283,7 +283,10 @@ def test_ctrl_c_says_what_was_written_and_a_rerun_finishes(client, model_dir, co
     out = tmp_path / "out"
     args = [str(model_dir), str(corpus), str(out), "--shard-size", str(SHARD // 2),
             "--batch-size", str(BATCH), "--no-progress"]
-    run = cli(*args, "--workers", "1", start_new_session=True)
+    # Ctrl-C's default handler, as a terminal's foreground job has it: a suite started in the
+    # background (`cmd &`) ignores SIGINT, which the command would inherit and run to its end
+    run = cli(*args, "--workers", "1", start_new_session=True,
+              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not list((out / "shards").glob("*.spacy")) and run.poll() is None:
         assert time.monotonic() < deadline, "no shard written in 300 s"
