@@ -224,7 +224,7 @@ def test_long_documents_match_brute_force_in_every_scan_layout(problem, use_t, s
     scan over whole documents (transitions), over clusters (none, with enumeration turned off),
     and with every row length in a scan block of its own (``split``) or merged blocks."""
     mask, scores, labels, T = long_grids(problem, use_t)
-    B, K = mask.shape[0], mask.shape[2]
+    B = mask.shape[0]
     with mock.patch.object(compaction_module, "STEP_COST_IN_ROWS", 0 if split else 256), \
             mock.patch.object(compaction_module, "ENUMERATE_MAX_NODES", 1):
         log_z = filtered_log_partition(scores, mask, labels, T)
