@@ -14,6 +14,15 @@ component alone does not show. The pipelines take turns repeat by repeat (the or
 rotates); figures are medians over the repeats, in microseconds per document. For an
 ``fsemicrf_ner`` head, one more repeat times its stages apart and in turn (the stages of
 ``profile_predict.py``). Writes ``<output>.json`` (every repeat's seconds) and ``<output>.md``.
+
+With ``--dense-part``, each ``fsemicrf_ner`` pipeline with the default span scorer
+(``sum_endpoints_neighbors``, word pooling, document vector, one hidden layer) also gets a row
+``NAME:dense`` whose "head" is only what no head of that size can skip: its five matrix
+products (word pooling's, the token, neighbour and document projections, the output layer)
+and the span grid between them (running sum, windows, width and document terms, ReLU), in 16
+PyTorch calls on the document's tok2vec vectors, with the pipeline's weights; no word grouping,
+filter, decoding, confidences or writing. It bounds what trimming the head's other steps could
+reach.
 """
 import argparse
 import json
@@ -93,6 +102,38 @@ def stage_times(tok2vec: Callable, head: Callable, docs: List) -> Dict[str, Dict
     return out
 
 
+def dense_part(component) -> Callable:
+    """The ``--dense-part`` callable of an ``fsemicrf_ner`` component (see the module
+    docstring), or a ``ValueError`` for a head of another make-up."""
+    from spacy_fsemicrf.head_model import torch_head
+
+    head = torch_head(component.model.get_ref("head"))
+    scorer = getattr(head, "scorer", None)
+    featurizer = getattr(scorer, "featurizer", None)
+    if (getattr(featurizer, "span_repr", None) != "sum_endpoints_neighbors"
+            or featurizer.doc_proj is None or getattr(head, "word_pool", None) is None
+            or head.word_pool.proj is None or len(scorer.hidden)):
+        raise ValueError("--dense-part needs the default filtered head's span scorer")
+    H, K = featurizer.width_emb.shape[1], featurizer.max_width
+    weight, bias = scorer.output.weight, scorer.output.bias.unsqueeze(1)
+
+    def run(doc) -> None:
+        with torch.inference_mode():
+            x = torch.from_numpy(doc.tensor).unsqueeze(0)
+            x = x + head.word_pool.proj(x)
+            proj = featurizer.token_proj(x)  # start, end and sum terms
+            # the neighbour terms added at each token, not one token over: the same work
+            near = featurizer.neighbor_proj(x)
+            width = featurizer.width_emb + featurizer.doc_proj(x.mean(1)).unsqueeze(1)
+            total = proj[..., 2 * H:].cumsum(1)
+            ends = torch.nn.functional.pad(total + proj[..., H:2 * H] + near[..., H:], (0, 0, 0, K))
+            starts = total - proj[..., :H] - near[..., :H]
+            grid = ends.unfold(1, K, 1)[:, : x.shape[1]].transpose(-1, -2) - starts.unsqueeze(2)
+            torch.addmm(bias, weight, grid.add_(width).relu_().reshape(-1, H).T)
+
+    return run
+
+
 def summary(repeats: List[Dict[str, float]], n_docs: int) -> Dict[str, float]:
     """Microseconds per document of each part (median over ``repeats``), and the penalty: the
     median over the repeats of (in turn - apart), both components together."""
@@ -110,7 +151,10 @@ def markdown(rows: List[Dict], stages: Dict[int, Dict[str, Dict[str, Dict[str, f
              f"One thread, thread CPU time, microseconds per document, median of {repeats} "
              f"repeats; documents cut from `{test}`. Apart: the tok2vec on every document, then "
              "the head on every document; in turn: both on each document before the next. "
-             "Penalty: in turn minus apart, both components.", "",
+             "Penalty: in turn minus apart, both components."
+             + (" `NAME:dense`: the filtered head's five matrix products and its span grid "
+                "alone, in 16 PyTorch calls, as its head (`--dense-part`)."
+                if any(row["pipeline"].endswith(":dense") for row in rows) else ""), "",
              "| length | pipeline | " + " | ".join(PARTS) + " | penalty |",
              "|---:|---|" + "---:|" * (len(PARTS) + 1)]
     for row in rows:
@@ -141,6 +185,8 @@ def main(argv=None) -> None:
     parser.add_argument("--lengths", type=count, nargs="+", default=[10, 35])
     parser.add_argument("--docs", type=count, default=400, help="documents per length")
     parser.add_argument("--repeats", type=count, default=5)
+    parser.add_argument("--dense-part", action="store_true",
+                        help="also time the filtered head's matrix products and span grid alone")
     args = parser.parse_args(argv)
     paths = named_pipelines(parser, "--models", args.models)
     check_file(parser, "--test", args.test)
@@ -152,6 +198,15 @@ def main(argv=None) -> None:
     for name, nlp in nlps.items():
         if len(nlp.pipe_names) != 2 or nlp.pipe_names[0] != "tok2vec":
             parser.error(f"{name}: a pipeline of a tok2vec and one head, not {nlp.pipe_names}")
+    heads = {name: nlp.get_pipe(nlp.pipe_names[1]) for name, nlp in nlps.items()}
+    if args.dense_part:
+        for name, nlp in list(nlps.items()):
+            if nlp.pipe_names[1] == "fsemicrf_ner":
+                try:
+                    heads[f"{name}:dense"] = dense_part(heads[name])
+                except ValueError as err:
+                    parser.error(f"{name}: {err}")
+                nlps[f"{name}:dense"] = nlp
     names = list(nlps)
     first = nlps[names[0]]
     test = list(DocBin().from_disk(args.test).get_docs(first.vocab))
@@ -163,7 +218,7 @@ def main(argv=None) -> None:
         for r in range(-1, args.repeats):  # repeat -1 warms up
             k = r % len(names)
             for name in names[k:] + names[:k]:
-                tok2vec, head = (nlps[name].get_pipe(p) for p in nlps[name].pipe_names)
+                tok2vec, head = nlps[name].get_pipe("tok2vec"), heads[name]
                 ways = (time_apart, time_in_turn) if r % 2 else (time_in_turn, time_apart)
                 spent = {}
                 for way in ways:  # which way runs first alternates from repeat to repeat
@@ -174,8 +229,9 @@ def main(argv=None) -> None:
         for name in names:
             rows.append({"length": length, "pipeline": name, **summary(runs[name], len(docs))})
             print(rows[-1])
-            tok2vec, head = (nlps[name].get_pipe(p) for p in nlps[name].pipe_names)
-            found = stage_times(tok2vec, head, docs)
+            if name.endswith(":dense"):
+                continue
+            found = stage_times(nlps[name].get_pipe("tok2vec"), heads[name], docs)
             if found:
                 stages.setdefault(length, {})[name] = {**found, "docs": len(docs)}
         seconds[length] = runs

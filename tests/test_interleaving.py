@@ -91,3 +91,41 @@ def test_bad_arguments_are_named_before_any_pipeline_loads(tmp_path, capsys, mon
     argv += [a.format(tmp=tmp_path) for a in args]
     assert message.format(tmp=tmp_path) in refused(interleaving.main, argv, capsys)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_dense_part_runs_each_projection_of_the_head_once(trained_nlp):
+    """The --dense-part row times the head's own layers: each projection once per document
+    (the output layer is one addmm on its weights), on the document's tok2vec vectors."""
+    import numpy
+    import torch
+
+    from spacy_fsemicrf.head_model import torch_head
+
+    ner = trained_nlp.get_pipe("fsemicrf_ner")
+    head = torch_head(ner.model.get_ref("head"))
+    calls = []
+    hooks = [module.register_forward_hook(lambda *_, name=name: calls.append(name))
+             for name, module in head.named_modules() if isinstance(module, torch.nn.Linear)]
+    try:
+        run = interleaving.dense_part(ner)
+        doc = trained_nlp.make_doc("Anna met Bob in Rome today")
+        width = head.word_pool.proj.in_features
+        doc.tensor = numpy.random.default_rng(0).normal(size=(len(doc), width)).astype("float32")
+        run(doc)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert sorted(calls) == ["scorer.featurizer.doc_proj", "scorer.featurizer.neighbor_proj",
+                             "scorer.featurizer.token_proj", "word_pool.proj"]
+
+
+def test_the_dense_part_needs_the_default_span_scorer():
+    import spacy
+
+    from .conftest import make_examples, model_config
+
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("fsemicrf_ner", config={"model": model_config(span_repr="sum")})
+    nlp.initialize(lambda: make_examples(nlp))
+    with pytest.raises(ValueError, match="needs the default filtered head's span scorer"):
+        interleaving.dense_part(ner)
