@@ -4,6 +4,7 @@ from importlib.metadata import entry_points
 import numpy
 import pytest
 import spacy
+import torch
 from spacy.util import registry
 
 from spacy_fsemicrf.architectures import FILTERED_SEMICRF, LINEAR_CRF, SEMICRF, ModelInput
@@ -686,3 +687,39 @@ def test_a_batch_left_out_of_the_loss_gives_no_gradient():
     assert loss == 0.0
     backprop(1.0)
     assert all(p.grad is None for p in model_torch_head(model).parameters())
+
+
+class _Waker(torch.nn.Module):
+    """A module that wakes a label (counts it in ``label_wakes``) when asked to."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.label_wakes = 0
+
+    def forward(self, x, wake: bool):
+        self.label_wakes += int(wake)
+        return self.layer(x)
+
+
+def test_the_shim_starts_the_optimizer_state_afresh_only_when_a_label_wakes():
+    """A training step that wakes a label gives the head a new id (Thinc's optimizer keys its
+    moments and averages by it), one after every id so far; other steps keep it."""
+    from thinc.api import ArgsKwargs
+    from thinc.shims.shim import Shim
+
+    from spacy_fsemicrf.head_model import HeadShim
+
+    plain = HeadShim(torch.nn.Linear(1, 1))  # no label_wakes at all
+    first = plain.id
+    plain.begin_update(ArgsKwargs(args=(torch.ones(1, 1),), kwargs={}))
+    assert plain.id == first
+    shim = HeadShim(_Waker())
+    first = shim.id
+    shim.begin_update(ArgsKwargs(args=(torch.ones(1, 1), False), kwargs={}))
+    assert shim.id == first
+    newest = Shim.global_id
+    shim.begin_update(ArgsKwargs(args=(torch.ones(1, 1), True), kwargs={}))
+    assert shim.id == newest + 1 == Shim.global_id
+    shim.begin_update(ArgsKwargs(args=(torch.ones(1, 1), False), kwargs={}))
+    assert shim.id == newest + 1  # woken once: the steps after it keep the new state

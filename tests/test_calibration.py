@@ -611,6 +611,63 @@ def test_a_map_per_kind_needs_enough_entities_of_each():
             check_calibration(bad)
 
 
+def test_a_map_per_kind_needs_enough_unseen_entities_too():
+    raw, correct, seen = _novelty_outcomes(n=4_000)
+    unseen = ~seen
+    few = unseen.copy()
+    few[unseen & (numpy.cumsum(unseen) > MIN_GROUP - 1)] = False
+    assert few.sum() == MIN_GROUP - 1
+    assert "by_novelty" not in fit_calibration(raw, correct, ~few)["selection"]
+    enough = unseen & (numpy.cumsum(unseen) <= MIN_GROUP)
+    assert "by_novelty" in fit_calibration(raw, correct, ~enough)["selection"]
+
+
+def _constant_fit(raw, correct, seen):
+    """A Platt map of slope 0 that scores 1 when every training entity was right, 0 when none
+    was, else 0.5 (exactly, in float32)."""
+    intercept = 1000.0 if correct.all() else -1000.0 if not correct.any() else 0.0
+    return {"method": "platt", "slope": 0.0, "intercept": intercept}
+
+
+def test_the_held_out_loss_fits_on_one_half_and_scores_the_other_both_ways_round():
+    """Entities 0, 2, 4 are wrong and 1, 3, 5 right: fitted on either half, the map scores the
+    other half 0 or 1 for the wrong outcome, which the loss clips to [1e-6, 1 - 1e-6] (in the
+    map's float32: a log-loss of about 13.8 an entity, not infinity); one entity has no other
+    half to fit on (loss 0)."""
+    low, high = float(numpy.float32(1e-6)), float(numpy.float32(1 - 1e-6))
+    raw = numpy.linspace(0.1, 0.6, 6)
+    correct = numpy.arange(6) % 2 == 1
+    expected = -(3 * math.log1p(-high) + 3 * math.log(low)) / 6
+    got = calibration._held_out_log_loss(_constant_fit, raw, correct, None)
+    assert got == pytest.approx(expected, rel=1e-5)
+    # the odd half has one wrong entity: fitted on it, the map scores the even half 0.5; fitted
+    # on the even half (all wrong), it scores the odd half's two right ones and one wrong 0
+    mixed = numpy.array([False, True, False, False, False, True])
+    expected = -(3 * math.log(0.5) + 2 * math.log(low) + math.log1p(-low)) / 6
+    got = calibration._held_out_log_loss(_constant_fit, raw, mixed, None)
+    assert got == pytest.approx(expected, rel=1e-5)
+    for n in (0, 1):
+        assert calibration._held_out_log_loss(_constant_fit, raw[:n], correct[:n], None) == 0.0
+
+
+def test_the_selection_records_each_maps_held_out_loss_to_6_decimals():
+    raw, correct, seen = _novelty_outcomes(n=2_000)
+    fitted = fit_calibration(raw, correct, seen)
+    assert fitted["selection"] == {
+        name: round(calibration._held_out_log_loss(calibration.FITS[name], raw, correct, seen), 6)
+        for name in ("platt", "isotonic", "by_novelty")}
+
+
+def test_the_fit_reads_its_inputs_of_any_shape_and_dtype():
+    """Columns, float32 confidences and 0/1 outcomes and flags give the map of flat float64
+    confidences and booleans."""
+    raw, correct, seen = _novelty_outcomes(n=1_000)
+    raw = raw.astype("float32")  # as the component's confidences are
+    expected = fit_calibration(raw.astype("float64"), correct, seen)
+    assert fit_calibration(raw.reshape(-1, 1), correct.astype("int64").reshape(-1, 1),
+                           seen.astype("int64").reshape(-1, 1)) == expected
+
+
 def test_a_map_per_kind_reads_seen_flags_of_any_shape_and_dtype():
     """``fit_by_novelty`` called directly reads ``seen`` as booleans, flattened: 0/1 integers
     (not indices) and a column of flags give the map of a flat boolean array."""
@@ -742,7 +799,8 @@ def test_documents_without_entity_annotation_are_left_out_of_the_fit(small_nlp, 
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         assert calibrate_component(nlp, "fsemicrf_ner", bare) is None
     assert nlp.get_pipe("fsemicrf_ner").calibration == mixed  # unchanged
-    assert any("the map is unchanged" in r.getMessage() for r in caplog.records)
+    assert ("fsemicrf_ner: no predicted entities to calibrate on; the map is unchanged"
+            in [r.getMessage() for r in caplog.records])
 
 
 def test_the_fit_warns_about_few_entities_and_labels_without_gold(small_nlp, tmp_path, caplog):
@@ -778,22 +836,48 @@ def test_the_fit_warns_about_gold_labels_the_component_does_not_know(small_nlp, 
     spacy train nor spacy debug data says that the component cannot predict it."""
     nlp = _copy(small_nlp, tmp_path)
     gold = []
-    for doc in (eg.reference for eg in make_examples(nlp)):
+    for i, doc in enumerate(eg.reference for eg in make_examples(nlp)):
         doc = doc.copy()
         free = next(t.i for t in doc if t.ent_iob_ == "O")
-        doc.set_ents(list(doc.ents) + [Span(doc, free, free + 1, label="DRUG")])
+        label = "DRUG" if i % 2 else "DOSE"
+        doc.set_ents(list(doc.ents) + [Span(doc, free, free + 1, label=label)])
         gold.append(doc)
-    assert "DRUG" not in nlp.get_pipe("fsemicrf_ner").labels
+    assert not {"DOSE", "DRUG"} & set(nlp.get_pipe("fsemicrf_ner").labels)
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold) * 10)
     assert [r.getMessage() for r in caplog.records] == [
-        "fsemicrf_ner: the calibration documents have gold entities labelled DRUG, which the "
+        "fsemicrf_ner: the calibration documents have gold entities labelled DOSE, DRUG, which the "
         "component was not trained on: it never predicts them, and its scores on these "
         "documents count them as missed"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
         calibrate_component(nlp, "fsemicrf_ner", _read(nlp, gold) * 10, warn_poor_fit=False)
     assert not caplog.records
+
+
+def test_the_fit_warns_below_few_entities_only(small_nlp, tmp_path, caplog, monkeypatch):
+    """The warning about a map fitted on few entities starts below FEW_ENTITIES."""
+    nlp = _copy(small_nlp, tmp_path)
+    rng = numpy.random.default_rng(0)
+    for n, warned in ((FEW_ENTITIES, False), (FEW_ENTITIES - 1, True)):
+        outcomes = (rng.random(n), rng.random(n) < 0.5, numpy.zeros(n, dtype=bool))
+        monkeypatch.setattr(calibration, "raw_outcomes", lambda *args, o=outcomes: o)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="spacy_fsemicrf"):
+            calibrate_component(nlp, "fsemicrf_ner", make_examples(nlp))
+        few = [r.getMessage() for r in caplog.records if "fitted on" in r.getMessage()]
+        assert few == ([f"fsemicrf_ner: the map is fitted on {n} predicted entities only; a few "
+                        "hundred make a usable one"] if warned else [])
+
+
+def test_the_fit_names_what_it_cannot_calibrate(small_nlp, tmp_path):
+    nlp = _copy(small_nlp, tmp_path)
+    nlp.add_pipe("sentencizer")
+    with pytest.raises(ValueError, match="^'sentencizer' is not an fsemicrf_ner component$"):
+        calibrate_component(nlp, "sentencizer", make_examples(nlp))
+    docs = [eg.reference for eg in make_examples(nlp)]
+    with pytest.raises(TypeError, match="The calibrate_component method takes a list of Example"):
+        calibrate_component(nlp, "fsemicrf_ner", docs)
 
 
 def test_entities_on_tokens_without_annotation_are_left_out_as_the_scorer_does(small_nlp,
@@ -918,7 +1002,9 @@ def test_the_command_saves_nothing_without_entities_to_fit(small_nlp, tmp_path, 
     bare.to_disk(tmp_path / "bare.spacy")
     before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "model").rglob("*"))
     assert calibration.main([str(tmp_path / "model"), str(tmp_path / "bare.spacy")]) == 1
-    assert "no predicted entity in the annotated documents" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no predicted entity in the annotated documents" in err
+    assert err.splitlines()[-1] == "nothing saved"
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "model").rglob("*")) == before
 
 
@@ -1259,7 +1345,8 @@ def _assert_same_map(saved, fitted) -> None:
         assert saved == fitted
 
 
-def test_the_command_calibrates_every_fsemicrf_ner_component(small_nlp, tmp_path, capsys):
+def test_the_command_calibrates_every_fsemicrf_ner_component(small_nlp, tmp_path, capsys,
+                                                              monkeypatch):
     """With two components the command asked for ``--component`` and fitted only that one."""
     nlp = _copy(small_nlp, tmp_path)
     nlp.add_pipe("fsemicrf_ner", name="second", source=_copy(small_nlp, tmp_path, "other"))
@@ -1275,11 +1362,28 @@ def test_the_command_calibrates_every_fsemicrf_ner_component(small_nlp, tmp_path
         assert saved["n_entities"] == expected["n_entities"] > 0
         _assert_same_map(saved, expected)  # (whichever method the selection took)
         assert f"{name}: calibration map (" in out
+    assert f"saved to {tmp_path / 'model'}" in out.splitlines()
     with pytest.raises(SystemExit):  # a KeyError's traceback before
         calibration.main([str(tmp_path / "model"), str(dev), "--component", "ner"])
+    assert (f"error: {tmp_path / 'model'} has no fsemicrf_ner component named 'ner' (its "
+            f"components: {nlp.pipe_names})") in capsys.readouterr().err
     with pytest.raises(SystemExit):  # no fsemicrf_ner component
         spacy.blank("en").to_disk(tmp_path / "blank")
         calibration.main([str(tmp_path / "blank"), str(dev)])
+    assert (f"error: {tmp_path / 'blank'} has no fsemicrf_ner component at all (its "
+            "components: [])") in capsys.readouterr().err
+    # one component named: only it is fitted; one of two without entities: saved, exit status 1
+    assert calibration.main([str(tmp_path / "model"), str(dev), "--component", "second"]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()
+            if "calibration map" in line] == ["second"]
+    fit = calibration.calibrate_component
+    monkeypatch.setattr(calibration, "calibrate_component",
+                        lambda nlp, name, examples: None if name == "second" else fit(
+                            nlp, name, examples))
+    assert calibration.main([str(tmp_path / "model"), str(dev)]) == 1
+    captured = capsys.readouterr()
+    assert "second: no predicted entity in the annotated documents" in captured.err
+    assert f"saved to {tmp_path / 'model'}" in captured.out.splitlines()
 
 
 def test_the_callback_reads_its_file_once(small_nlp, tmp_path, monkeypatch):
@@ -1306,6 +1410,11 @@ def test_the_command_calibrates_a_saved_pipeline(small_nlp, tmp_path, capsys):
     assert spacy.load(tmp_path / "model").get_pipe("fsemicrf_ner").calibration is not None
     with pytest.raises(SystemExit):
         calibration.main(["no_such_package", str(dev)])
+    assert ("error: no such pipeline: no_such_package (neither a directory nor an installed "
+            "package)") in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a file, which cannot be saved to in place
+        calibration.main([str(dev), str(dev)])
+    assert f"error: {dev} is not a directory: give --output" in capsys.readouterr().err
     # --train records the training entities of a pipeline saved without them
     (tmp_path / "model" / "fsemicrf_ner" / "seen_entities").unlink()
     train_docs = write_corpus(tmp_path / "train.spacy", small_nlp)
