@@ -437,6 +437,8 @@ def test_the_maps_on_small_or_odd_data():
                                 numpy.array([False, True, True, True, True, True]))
     share = (5 + 1) / (6 + 2)  # each step shrinks towards the share of correct entities
     assert mostly_right["y"] == [pytest.approx(2 * share / 3), pytest.approx((5 + 2 * share) / 7)]
+    assert fit_isotonic(numpy.zeros(0), numpy.zeros(0, bool)) == {"method": "isotonic", "x": [],
+                                                                  "y": []}
     for raw_one in ([0.7], []):
         fitted = check_calibration(fit_calibration(numpy.array(raw_one), numpy.ones(len(raw_one), bool)))
         assert 0 <= apply_calibration(fitted, numpy.array([0.3]))[0] <= 1
@@ -448,6 +450,20 @@ def test_the_maps_on_small_or_odd_data():
                 {"method": "beta"}, {"x": []}, [0.1]):
         with pytest.raises(ValueError, match="calibration map"):
             check_calibration(bad)
+
+
+def test_an_isotonic_map_reads_columns_and_float32_and_keeps_8_and_6_decimals():
+    """Knots to 8 decimals and scores to 6 (what the saved cfg keeps), from confidences and
+    outcomes of any shape and precision, as from flat float64 ones."""
+    rng = numpy.random.default_rng(0)
+    raw = rng.random(500).astype("float32")
+    correct = rng.random(500) < raw
+    fitted = fit_isotonic(raw.astype("float64"), correct)
+    assert fit_isotonic(raw.reshape(-1, 1), correct.reshape(-1, 1)) == fitted
+    assert len(fitted["x"]) > 3
+    assert all(round(v, 8) == v for v in fitted["x"]) and all(round(v, 6) == v for v in fitted["y"])
+    assert not all(round(v, 7) == v for v in fitted["x"])  # (the test's knots need 8)
+    assert not all(round(v, 5) == v for v in fitted["y"])
 
 
 @pytest.mark.parametrize("bad", [{"method": "platt", "slope": "0.5", "intercept": 0.1},
@@ -694,7 +710,10 @@ def test_seen_flags_is_set_membership_of_the_entity_texts(words, known, data):
     rows = numpy.array([[0, min(a, b), max(a, b), 1] for a, b in rows], dtype="int64").reshape(-1, 4)
     keys = numpy.unique(numpy.array([entity_key(t) for t in known], dtype="uint64"))
     expected = [doc[s:e + 1].text in known for _, s, e, _ in rows.tolist()]
-    assert seen_flags([doc], rows, keys).tolist() == expected
+    flags = seen_flags([doc], rows, keys)
+    assert flags.dtype == bool and flags.tolist() == expected
+    none = seen_flags([doc], rows, numpy.zeros(0, dtype="uint64"))
+    assert none.dtype == bool and not none.any() and none.shape == (len(rows),)
 
 
 def test_an_unannotated_copy_keeps_the_text_and_tokens_only():
