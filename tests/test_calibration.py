@@ -684,6 +684,21 @@ def test_the_fit_reads_its_inputs_of_any_shape_and_dtype():
                            seen.astype("int64").reshape(-1, 1)) == expected
 
 
+def test_a_map_per_kind_scores_with_flags_of_any_shape_and_dtype_and_needs_them():
+    """``apply_calibration`` of a map by novelty reads ``seen`` as booleans in the shape of
+    ``raw`` (0/1 integers are flags, not indices), gives float32, and refuses to guess."""
+    raw, correct, seen = _novelty_outcomes(n=400)
+    fitted = fit_by_novelty(raw, correct, seen)
+    expected = apply_calibration(fitted, raw, seen)
+    assert expected.dtype == numpy.float32
+    assert (expected[seen] == apply_calibration(fitted["seen"], raw[seen])).all()
+    got = apply_calibration(fitted, raw, seen.astype("int64").reshape(-1, 1))
+    assert got.dtype == numpy.float32 and numpy.array_equal(got, expected)
+    with pytest.raises(ValueError, match=r"^A by_novelty calibration map needs to know which "
+                                         r"entities were seen in training \(seen=\.\.\.\)\.$"):
+        apply_calibration(fitted, raw)
+
+
 def test_a_map_per_kind_reads_seen_flags_of_any_shape_and_dtype():
     """``fit_by_novelty`` called directly reads ``seen`` as booleans, flattened: 0/1 integers
     (not indices) and a column of flags give the map of a flat boolean array."""
