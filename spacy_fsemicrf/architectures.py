@@ -18,6 +18,7 @@ take every setting from the config: the defaults live in the component's default
 from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import numpy
+from spacy.attrs import LOWER
 from spacy.tokens import Doc
 from spacy.util import registry
 from thinc.api import Model
@@ -263,16 +264,10 @@ def as_model_input(X: Any) -> ModelInput:
 
 
 def word_ids(docs: List[Doc]) -> List[Ints1d]:
-    """The tokens' lower-case forms as small int ids (one int64 array per doc; equal ids are
-    equal forms within the batch), for the heads' ``word_pool``."""
-    hashes = [doc.to_array("LOWER").reshape(-1) for doc in docs]  # uint64
-    if len(hashes) < 2:  # no concatenation or split (one request at a time)
-        return [numpy.unique(h, return_inverse=True)[1].astype("int64", copy=False) for h in hashes]
-    _, ids = numpy.unique(numpy.concatenate(hashes), return_inverse=True)
-    ids = ids.astype("int64", copy=False).reshape(-1)
-    # slices, not numpy.split, which costs several Python-level calls per document
-    ends = numpy.cumsum([len(h) for h in hashes]).tolist()
-    return [ids[a:b] for a, b in zip([0] + ends[:-1], ends)]
+    """The tokens' lower-case forms as int64 ids (one array per doc: the 64-bit hashes of the
+    forms, read as signed integers, so equal ids are equal forms), for the heads'
+    ``word_pool``, which groups them per document itself."""
+    return [doc.to_array(LOWER).reshape(-1).view("int64") for doc in docs]
 
 
 def sentence_flags(docs: List[Doc]) -> Optional[List[Optional[numpy.ndarray]]]:

@@ -142,6 +142,13 @@ def _logit(raw: numpy.ndarray) -> numpy.ndarray:
     return numpy.log(p) - numpy.log1p(-p)
 
 
+def _platt(slope: Any, intercept: Any, raw: numpy.ndarray) -> numpy.ndarray:
+    """The Platt map ``sigmoid(slope * logit(raw) + intercept)`` in float32 (``slope`` and
+    ``intercept``: numbers, or arrays like ``raw``)."""
+    z = slope * _logit(raw) + intercept
+    return (0.5 * (1.0 + numpy.tanh(0.5 * z))).astype("float32")  # sigmoid, overflow-free
+
+
 def _logistic(x: numpy.ndarray, t: numpy.ndarray) -> Tuple[float, float]:
     """Logistic regression of the soft targets ``t`` on ``x``: Newton's method with step
     halving (the negative log-likelihood is convex)."""
@@ -222,13 +229,18 @@ def apply_calibration(
             raise ValueError("A by_novelty calibration map needs to know which entities were "
                              "seen in training (seen=...).")
         seen = numpy.asarray(seen, dtype=bool).reshape(raw.shape)
+        parts = (calibration["seen"], calibration["unseen"])
+        if all(part["method"] == "platt" for part in parts):
+            # one pass with each entity's own slope and intercept (the same float64 operations
+            # as a pass per kind): a dozen fewer NumPy calls on a few entities at a time
+            return _platt(numpy.where(seen, parts[0]["slope"], parts[1]["slope"]),
+                          numpy.where(seen, parts[0]["intercept"], parts[1]["intercept"]), raw)
         out = numpy.empty(raw.shape, dtype="float32")
         out[seen] = apply_calibration(calibration["seen"], raw[seen])
         out[~seen] = apply_calibration(calibration["unseen"], raw[~seen])
         return out
     if calibration["method"] == "platt":
-        z = calibration["slope"] * _logit(raw) + calibration["intercept"]
-        return (0.5 * (1.0 + numpy.tanh(0.5 * z))).astype("float32")  # sigmoid, overflow-free
+        return _platt(calibration["slope"], calibration["intercept"], raw)
     x, y = calibration["x"], calibration["y"]
     if not len(x):  # (not `not x`: knots in a NumPy array, which the check takes, have no truth)
         return raw

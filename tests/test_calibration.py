@@ -699,6 +699,26 @@ def test_a_map_per_kind_scores_with_flags_of_any_shape_and_dtype_and_needs_them(
         apply_calibration(fitted, raw)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 70), st.sampled_from(["platt", "isotonic"]))
+def test_a_map_per_kind_scores_each_entity_with_its_kinds_map_bit_for_bit(seed, n, unseen_kind):
+    """Each entity gets, bit for bit, what its kind's map gives the entities of that kind alone
+    (two Platt maps take one pass over all of them, at any position in the batch)."""
+    rng = numpy.random.default_rng(seed)
+    raw = rng.random(n).astype("float32")
+    raw[rng.random(n) < 0.1] = rng.choice([0.0, 1.0, 1e-7])
+    seen = rng.random(n) < 0.5
+    platt = {"method": "platt", "slope": float(rng.uniform(0.1, 3)),
+             "intercept": float(rng.uniform(-2, 2))}
+    other = ({"method": "platt", "slope": float(rng.uniform(0.1, 3)),
+              "intercept": float(rng.uniform(-2, 2))} if unseen_kind == "platt"
+             else {"method": "isotonic", "x": [0.2, 0.7], "y": [0.3, 0.9]})
+    got = apply_calibration({"method": "by_novelty", "seen": platt, "unseen": other}, raw, seen)
+    assert got.dtype == numpy.float32 and got.shape == raw.shape
+    assert got[seen].tobytes() == apply_calibration(platt, raw[seen]).tobytes()
+    assert got[~seen].tobytes() == apply_calibration(other, raw[~seen]).tobytes()
+
+
 def test_a_map_per_kind_reads_seen_flags_of_any_shape_and_dtype():
     """``fit_by_novelty`` called directly reads ``seen`` as booleans, flattened: 0/1 integers
     (not indices) and a column of flags give the map of a flat boolean array."""

@@ -246,16 +246,18 @@ def test_document_mean_leaves_out_padding_and_empty_documents():
 
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 10_000), st.lists(st.integers(0, 9), min_size=1, max_size=4),
-       st.integers(1, 4), st.sampled_from([0, -3, 2**40, 2**62]), st.integers(0, 1))
-def test_same_word_mean_matches_brute_force(seed, lengths, vocab, offset, pad):
+       st.integers(1, 4), st.sampled_from([0, -3, 2**40, 2**62, -2**63]),
+       st.sampled_from([1, 2**61]), st.integers(0, 1))
+def test_same_word_mean_matches_brute_force(seed, lengths, vocab, offset, spacing, pad):
     """Each token gets the mean over the tokens of its own document with its word id (ids may
-    be negative or too large for a float64 to tell apart, and shared by up to four documents);
-    padding (whatever ids it holds) and the other documents change nothing and come out zero.
-    Without padding (``pad`` 0), a single document takes a shorter path."""
+    be negative, too large for a float64 to tell apart or spread over the whole int64 range,
+    as string hashes are, and shared by up to four documents); padding (whatever ids it holds)
+    and the other documents change nothing and come out zero. Without padding (``pad`` 0), a
+    single document takes a shorter path."""
     gen = torch.Generator().manual_seed(seed)
     B, L = len(lengths), max(lengths + [1]) + pad
     x = torch.randn(B, L, 3, generator=gen, dtype=torch.float64)
-    words = torch.randint(0, vocab, (B, L), generator=gen) + offset
+    words = torch.randint(0, vocab, (B, L), generator=gen) * spacing + offset
     got = same_word_mean(x, words, torch.tensor(lengths))
     for b, n in enumerate(lengths):
         for i in range(L):
@@ -266,16 +268,21 @@ def test_same_word_mean_matches_brute_force(seed, lengths, vocab, offset, pad):
             assert torch.allclose(got[b, i], x[b, same].mean(0))
 
 
-def test_same_word_mean_keeps_documents_apart_with_negative_ids():
-    """Each (document, word) pair is one key, in a block per document as wide as the ids'
-    range (4 here): a block of 3 would pool document 1's -3 with document 0's 0, and one of
-    max + lowest + 1 = -2 its -1 with document 0's -3."""
+def test_same_word_mean_keeps_documents_apart_with_ids_of_any_size():
+    """Ids at both ends of the int64 range (string hashes read as signed) group by equality
+    within each document: a key of (document, id) formed as one integer would overflow."""
+    lo, hi = -2**63, 2**63 - 1
     x = torch.arange(12, dtype=torch.float64).view(2, 3, 2)
-    words = torch.tensor([[-3, 0, 0], [-3, -1, -1]])
-    got = same_word_mean(x, words, torch.tensor([3, 3]))
-    expected = x.clone()
-    expected[:, 1:] = x[:, 1:].mean(1, keepdim=True)
-    assert torch.equal(got, expected)
+    words = torch.tensor([[hi, lo, lo], [lo, hi, hi]])
+    for lengths in ([3, 3], [3, 2]):
+        got = same_word_mean(x, words, torch.tensor(lengths))
+        expected = x.clone()
+        expected[0, 1:] = x[0, 1:].mean(0)
+        if lengths[1] == 3:
+            expected[1, 1:] = x[1, 1:].mean(0)
+        else:
+            expected[1, 2] = 0.0
+        assert torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("grad", [False, True])

@@ -481,10 +481,9 @@ def same_word_mean(x: torch.Tensor, words: torch.Tensor, lengths: torch.Tensor) 
     """``[B, L, D] -> [B, L, D]``: for each token, the mean of the vectors of the tokens of its
     document that carry the same word id (itself included); zero past each document's length.
 
-    ``words`` is a ``LongTensor[B, L]`` of word ids (any value at padding; within the documents
-    their range times ``B`` must fit in int64, as batch-local ids do). One scatter-add over
-    the tokens: linear in the document length, so a 100k-token document costs no more per
-    token than a short one."""
+    ``words`` is a ``LongTensor[B, L]`` of word ids (any int64 values, such as string hashes;
+    any value at padding). One scatter-add over the tokens: linear in the document length, so
+    a 100k-token document costs no more per token than a short one."""
     B, L, D = x.shape
     token, group, counts = _word_groups(words, lengths, L)
     if not torch.is_grad_enabled() and token.numel() == B * L and counts.numel() == B * L:
@@ -515,9 +514,9 @@ def _word_groups(
     words: torch.Tensor, lengths: torch.Tensor, length: int
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(token, group, counts)``: the flat positions of the tokens in the ``[B, L]`` grid, the
-    group of each (one per (document, word) pair, numbered in sorted key order) and the size of
-    each group. Integer bookkeeping with no gradient: on the host in NumPy, where a short
-    document's dozen small calls cost a fraction of the same calls in PyTorch."""
+    group of each (one per (document, word) pair, numbered in (document, word id) order) and
+    the size of each group. Integer bookkeeping with no gradient: on the host in NumPy, where a
+    short document's dozen small calls cost a fraction of the same calls in PyTorch."""
     words_np = words.detach().cpu().numpy().astype("int64", copy=False)
     lengths_np = lengths.detach().cpu().numpy()
     if int(lengths_np.min(initial=length)) == length:  # no padding: the tokens fill the grid
@@ -526,18 +525,27 @@ def _word_groups(
     else:
         token = numpy.flatnonzero(numpy.arange(length)[None, :] < lengths_np[:, None])
         ids = words_np.reshape(-1)[token]
-    keys = ids  # one document (one request at a time): its word ids are the keys
-    if ids.size and lengths_np.size > 1:
-        lowest = ids.min()
-        # one group per (document, word) pair, so documents never pool together; the pair as
-        # one int64 key, as a 1-d unique is several times faster than a unique over rows
-        keys = (token // length) * (int(ids.max() - lowest) + 1) + (ids - lowest)
-    if ids.size:
-        _, group, counts = numpy.unique(keys, return_inverse=True, return_counts=True)
-    else:
-        group = counts = numpy.zeros((0,), dtype="int64")
+    # sorted by (document, id): any int64 ids (such as string hashes) without forming a key
+    # of both that could overflow; a group starts where either changes. By id first, then
+    # stably by document (a radix sort of small integers), which lexsort's merge sorts of
+    # both keys do at several times the cost
+    several = lengths_np.size > 1
+    order = numpy.argsort(ids)
+    if several:
+        doc = token // max(length, 1)
+        small = numpy.uint16 if lengths_np.size <= 1 << 16 else numpy.int64
+        order = order[numpy.argsort(doc[order].astype(small), kind="stable")]
+    first = numpy.ones(ids.size, dtype=bool)
+    sorted_ids = ids[order]
+    numpy.not_equal(sorted_ids[1:], sorted_ids[:-1], out=first[1:])
+    if several:
+        sorted_docs = doc[order]
+        first[1:] |= sorted_docs[1:] != sorted_docs[:-1]
+    group = numpy.empty(ids.size, dtype=numpy.int64)
+    group[order] = numpy.cumsum(first) - 1
+    counts = numpy.diff(numpy.append(numpy.flatnonzero(first), ids.size))
     as_tensor = torch.from_numpy
-    return as_tensor(token), as_tensor(group.reshape(-1).astype("int64")), as_tensor(counts)
+    return as_tensor(token), as_tensor(group), as_tensor(counts.astype("int64", copy=False))
 
 
 def window_view(x: torch.Tensor, max_width: int) -> torch.Tensor:
