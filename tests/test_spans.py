@@ -285,6 +285,25 @@ def test_same_word_mean_keeps_documents_apart_with_ids_of_any_size():
         assert torch.equal(got, expected)
 
 
+def test_same_word_mean_of_long_documents_with_few_words():
+    """Hundreds of tokens over a handful of words (ids spread over the int64 range) in each of
+    several documents, with padding: each token pools exactly its document's tokens of its word,
+    however the sort that groups them orders equal keys."""
+    gen = torch.Generator().manual_seed(3)
+    lengths = [300, 257, 300]
+    x = torch.randn(3, 300, 2, generator=gen, dtype=torch.float64)
+    vocab = torch.tensor([-2**63, -7, 0, 2**40, 2**63 - 1])
+    words = vocab[torch.randint(0, 5, (3, 300), generator=gen)]
+    got = same_word_mean(x, words, torch.tensor(lengths))
+    expected = torch.zeros_like(x)
+    for b, n in enumerate(lengths):
+        for word in vocab:
+            at = torch.nonzero(words[b, :n] == word).squeeze(1)
+            if at.numel():
+                expected[b, at] = x[b, at].mean(0)
+    assert torch.allclose(got, expected, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("grad", [False, True])
 def test_same_word_mean_of_an_empty_batch(grad):
     with torch.set_grad_enabled(grad):
