@@ -529,23 +529,23 @@ def _word_groups(
     # of both that could overflow; a group starts where either changes. By id first, then
     # stably by document (a radix sort of small integers), which lexsort's merge sorts of
     # both keys do at several times the cost
-    several = lengths_np.size > 1
     order = numpy.argsort(ids)
-    if several:
-        doc = token // max(length, 1)
+    docs = None
+    if lengths_np.size > 1:
         small = numpy.uint16 if lengths_np.size <= 1 << 16 else numpy.int64
-        order = order[numpy.argsort(doc[order].astype(small), kind="stable")]
+        docs = (token // max(length, 1)).astype(small)[order]
+        by_doc = numpy.argsort(docs, kind="stable")
+        order, docs = order[by_doc], docs[by_doc]
     first = numpy.ones(ids.size, dtype=bool)
     sorted_ids = ids[order]
     numpy.not_equal(sorted_ids[1:], sorted_ids[:-1], out=first[1:])
-    if several:
-        sorted_docs = doc[order]
-        first[1:] |= sorted_docs[1:] != sorted_docs[:-1]
+    if docs is not None:
+        first[1:] |= docs[1:] != docs[:-1]
     group = numpy.empty(ids.size, dtype=numpy.int64)
     group[order] = numpy.cumsum(first) - 1
     counts = numpy.diff(numpy.append(numpy.flatnonzero(first), ids.size))
     as_tensor = torch.from_numpy
-    return as_tensor(token), as_tensor(group), as_tensor(counts.astype("int64", copy=False))
+    return as_tensor(token), as_tensor(group), as_tensor(counts)
 
 
 def window_view(x: torch.Tensor, max_width: int) -> torch.Tensor:
